@@ -1,0 +1,102 @@
+"""A logical device: queue, command pool, the one submit path, and a cached pipeline per kernel."""
+from __future__ import annotations
+
+import logging
+
+from ..errors import VkdflashError
+from .device import Instance, choose_device
+from .memory import Buffer
+from .pipelines import Pipeline
+
+log = logging.getLogger("vkdflash")
+
+
+class Context:
+    """Everything that runs GPU work on one device goes through one Context."""
+
+    def __init__(self, selector: str | int | None = None):
+        self.instance = Instance.get()
+        vk, ffi = self.instance.vk, self.instance.vk.ffi
+        self.vk, self.ffi = vk, ffi
+        self.index = choose_device(selector)
+        self.features = self.instance.probe(self.index)
+        if not self.features.storage_16bit:
+            raise VkdflashError(f"device {self.features.name!r} lacks 16-bit storage buffers, "
+                                "which every vkdflash kernel reads quantized blocks with")
+        self.physical = self.instance.physical[self.index]
+        self.queue_family = self.instance.compute_queue_family(self.index)
+        s16 = ffi.new("VkPhysicalDevice16BitStorageFeatures*", {
+            "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
+            "storageBuffer16BitAccess": 1})
+        core = vk.VkPhysicalDeviceFeatures(shaderInt16=vk.vkGetPhysicalDeviceFeatures(self.physical).shaderInt16)
+        queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1,
+                                                pQueuePriorities=[1.0])
+        info = vk.VkDeviceCreateInfo(pNext=s16, queueCreateInfoCount=1, pQueueCreateInfos=[queue_info],
+                                     pEnabledFeatures=core)
+        self.device = vk.vkCreateDevice(self.physical, info, None)
+        self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
+        self.pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
+            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+            queueFamilyIndex=self.queue_family), None)
+        self.fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
+        self.memory_props = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+        self.pipelines: dict[tuple, Pipeline] = {}
+        self.submit_count = 0
+        self._upload_cmd = None
+        log.info("device %d: %s (%s, %s), subgroup %d, max storage range %d MiB",
+                 self.index, self.features.name, self.features.vendor, self.features.driver,
+                 self.features.subgroup_size, self.features.max_storage_buffer_range >> 20)
+
+    # -- memory -------------------------------------------------------------
+    def buffer(self, nbytes: int, host: bool = False) -> Buffer:
+        """A storage buffer; `host=True` forces host-visible memory (staging, parameters)."""
+        return Buffer(self, nbytes, host)
+
+    def upload(self, array, host: bool = False) -> Buffer:
+        data = memoryview(array).cast("B") if not hasattr(array, "tobytes") else array
+        buf = self.buffer(max(int(data.nbytes), 4), host)
+        buf.write(data)
+        return buf
+
+    # -- pipelines ----------------------------------------------------------
+    def pipeline(self, shader: str, n_bindings: int, push_size: int = 0, spec: tuple = ()) -> Pipeline:
+        key = (shader, n_bindings, push_size, tuple(spec))
+        pipe = self.pipelines.get(key)
+        if pipe is None:
+            pipe = self.pipelines[key] = Pipeline(self, shader, n_bindings, push_size, tuple(spec))
+        return pipe
+
+    # -- submission ---------------------------------------------------------
+    def command_buffer(self):
+        vk = self.vk
+        return vk.vkAllocateCommandBuffers(self.device, vk.VkCommandBufferAllocateInfo(
+            commandPool=self.pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+
+    def submit(self, cmd) -> None:
+        """The only queue submit in vkdflash: one call, counted, waited on."""
+        vk = self.vk
+        vk.vkQueueSubmit(self.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])],
+                         self.fence)
+        self.submit_count += 1
+        vk.vkWaitForFences(self.device, 1, [self.fence], vk.VK_TRUE, 0xFFFFFFFFFFFFFFFF)
+        vk.vkResetFences(self.device, 1, [self.fence])
+
+    def copy(self, src: Buffer, dst: Buffer, nbytes: int, src_offset: int = 0, dst_offset: int = 0) -> None:
+        """One-shot buffer copy (staging transfers)."""
+        vk = self.vk
+        if self._upload_cmd is None:
+            self._upload_cmd = self.command_buffer()
+        cmd = self._upload_cmd
+        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+            flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+        vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1,
+                           [vk.VkBufferCopy(srcOffset=src_offset, dstOffset=dst_offset, size=nbytes)])
+        vk.vkEndCommandBuffer(cmd)
+        self.submit(cmd)
+
+    def close(self) -> None:
+        vk = self.vk
+        vk.vkDeviceWaitIdle(self.device)
+        for pipe in self.pipelines.values():
+            pipe.destroy()
+        self.pipelines.clear()

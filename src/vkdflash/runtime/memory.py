@@ -1,0 +1,115 @@
+"""Buffers: device-local memory, mapped directly where the device allows it, staged where not.
+
+Binding ranges are limited by maxStorageBufferRange (128 MiB on lavapipe); `pieces` splits a
+row-major tensor into bindable row ranges so kernels can be dispatched once per piece."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import VkdflashError
+
+
+def _find_memory(ctx, type_bits: int, want: int, avoid: int = 0) -> int | None:
+    props = ctx.memory_props
+    for i in range(props.memoryTypeCount):
+        flags = props.memoryTypes[i].propertyFlags
+        if type_bits & (1 << i) and flags & want == want and not flags & avoid:
+            return i
+    return None
+
+
+class Buffer:
+    def __init__(self, ctx, nbytes: int, host: bool = False):
+        vk = ctx.vk
+        self.ctx, self.nbytes = ctx, int(nbytes)
+        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        self.handle = vk.vkCreateBuffer(ctx.device, vk.VkBufferCreateInfo(
+            size=self.nbytes, usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        req = vk.vkGetBufferMemoryRequirements(ctx.device, self.handle)
+        local, visible = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, (
+            vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
+        if host:
+            order = [visible | vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT, visible]
+        else:  # device-local and mappable (UMA, lavapipe, ReBAR), else device-local behind staging
+            order = [local | visible, local, visible]
+        mtype = next((t for t in (_find_memory(ctx, req.memoryTypeBits, w) for w in order) if t is not None), None)
+        if mtype is None:
+            raise VkdflashError(f"no memory type for a {self.nbytes}-byte buffer")
+        try:
+            self.memory = vk.vkAllocateMemory(ctx.device, vk.VkMemoryAllocateInfo(
+                allocationSize=req.size, memoryTypeIndex=mtype), None)
+        except vk.VkError as exc:
+            raise VkdflashError(f"out of device memory allocating {self.nbytes >> 20} MiB "
+                                f"({type(exc).__name__})") from exc
+        vk.vkBindBufferMemory(ctx.device, self.handle, self.memory, 0)
+        flags = ctx.memory_props.memoryTypes[mtype].propertyFlags
+        self.mapped = None
+        if flags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT:
+            raw = vk.vkMapMemory(ctx.device, self.memory, 0, self.nbytes, 0)
+            self.mapped = np.frombuffer(raw, dtype=np.uint8)
+
+    def write(self, data, offset: int = 0) -> None:
+        src = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if offset + src.nbytes > self.nbytes:
+            raise VkdflashError(f"write of {src.nbytes} bytes at {offset} overflows a {self.nbytes}-byte buffer")
+        if self.mapped is not None:
+            self.mapped[offset:offset + src.nbytes] = src
+            return
+        staging = Buffer(self.ctx, src.nbytes, host=True)
+        staging.mapped[:] = src
+        self.ctx.copy(staging, self, src.nbytes, 0, offset)
+        staging.destroy()
+
+    def read(self, dtype=np.uint8, count: int | None = None, offset: int = 0) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        count = (self.nbytes - offset) // dtype.itemsize if count is None else count
+        nbytes = count * dtype.itemsize
+        if self.mapped is not None:
+            return self.mapped[offset:offset + nbytes].copy().view(dtype)
+        staging = Buffer(self.ctx, nbytes, host=True)
+        self.ctx.copy(self, staging, nbytes, offset, 0)
+        out = staging.mapped.copy().view(dtype)
+        staging.destroy()
+        return out
+
+    def view(self, offset: int = 0, size: int | None = None) -> "View":
+        return View(self, offset, self.nbytes - offset if size is None else size)
+
+    def destroy(self) -> None:
+        vk = self.ctx.vk
+        if self.mapped is not None:
+            self.mapped = None
+            vk.vkUnmapMemory(self.ctx.device, self.memory)
+        vk.vkDestroyBuffer(self.ctx.device, self.handle, None)
+        vk.vkFreeMemory(self.ctx.device, self.memory, None)
+
+
+@dataclass(frozen=True)
+class View:
+    """A bindable byte range of a buffer."""
+    buffer: Buffer
+    offset: int
+    size: int
+
+
+def as_view(x) -> View:
+    return x if isinstance(x, View) else x.view()
+
+
+def pieces(ctx, nrows: int, row_bytes: int) -> list[tuple[int, int]]:
+    """Split `nrows` rows of `row_bytes` into (first_row, nrows) ranges that each fit one binding
+    and start at an offset the device can bind."""
+    limit = ctx.features.max_storage_buffer_range
+    align = ctx.features.min_storage_buffer_offset_alignment
+    if row_bytes > limit:
+        raise VkdflashError(f"one row of {row_bytes} bytes exceeds the device's storage range {limit}")
+    step = max(1, limit // row_bytes)
+    # a piece boundary must land on an aligned byte offset
+    while step > 1 and (step * row_bytes) % align:
+        step -= 1
+    if (step * row_bytes) % align and nrows > step:
+        raise VkdflashError(f"cannot split rows of {row_bytes} bytes at {align}-byte alignment")
+    return [(r, min(step, nrows - r)) for r in range(0, nrows, step)]

@@ -1,0 +1,62 @@
+"""Compute pipelines: one per (shader, binding count, push size, specialization constants).
+
+Every kernel uses the same shape of interface: N storage buffers in set 0 (bindings 0..N-1),
+an optional push-constant block for static shapes, and 32-bit specialization constants
+numbered from 0 (constant 0 is the workgroup size by convention)."""
+from __future__ import annotations
+
+import struct
+from importlib import resources
+
+from ..errors import VkdflashError
+
+
+def spirv_bytes(shader: str) -> bytes:
+    path = resources.files("vkdflash") / "spirv" / f"{shader}.spv"
+    try:
+        return path.read_bytes()
+    except FileNotFoundError as exc:
+        raise VkdflashError(f"no compiled shader {shader!r}: run `python tools/build_shaders.py`") from exc
+
+
+def _spec_word(value) -> bytes:
+    if isinstance(value, float):
+        return struct.pack("<f", value)
+    return struct.pack("<I", int(value) & 0xFFFFFFFF)
+
+
+class Pipeline:
+    def __init__(self, ctx, shader: str, n_bindings: int, push_size: int, spec: tuple):
+        vk, ffi = ctx.vk, ctx.ffi
+        self.ctx, self.shader, self.n_bindings, self.push_size = ctx, shader, n_bindings, push_size
+        code = spirv_bytes(shader)
+        self.module = vk.vkCreateShaderModule(ctx.device, vk.VkShaderModuleCreateInfo(
+            codeSize=len(code), pCode=code), None)
+        bindings = [vk.VkDescriptorSetLayoutBinding(
+            binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
+            stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for i in range(n_bindings)]
+        self.set_layout = vk.vkCreateDescriptorSetLayout(ctx.device, vk.VkDescriptorSetLayoutCreateInfo(
+            bindingCount=n_bindings, pBindings=bindings), None)
+        ranges = [vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0,
+                                         size=push_size)] if push_size else []
+        self.layout = vk.vkCreatePipelineLayout(ctx.device, vk.VkPipelineLayoutCreateInfo(
+            setLayoutCount=1, pSetLayouts=[self.set_layout],
+            pushConstantRangeCount=len(ranges), pPushConstantRanges=ranges or None), None)
+        data = b"".join(_spec_word(v) for v in spec)
+        entries = [vk.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4) for i in range(len(spec))]
+        spec_info = None
+        if spec:
+            self._spec_data = ffi.new("char[]", data)
+            spec_info = vk.VkSpecializationInfo(mapEntryCount=len(entries), pMapEntries=entries,
+                                                dataSize=len(data), pData=self._spec_data)
+        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module,
+                                                   pName="main", pSpecializationInfo=spec_info)
+        self.handle = vk.vkCreateComputePipelines(ctx.device, None, 1, [vk.VkComputePipelineCreateInfo(
+            stage=stage, layout=self.layout)], None)[0]
+
+    def destroy(self) -> None:
+        vk, dev = self.ctx.vk, self.ctx.device
+        vk.vkDestroyPipeline(dev, self.handle, None)
+        vk.vkDestroyPipelineLayout(dev, self.layout, None)
+        vk.vkDestroyDescriptorSetLayout(dev, self.set_layout, None)
+        vk.vkDestroyShaderModule(dev, self.module, None)
