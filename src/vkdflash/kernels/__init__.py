@@ -1,0 +1,1 @@
+"""Kernel families: each module records its dispatches into a runtime Graph."""

@@ -1,0 +1,1 @@
+"""Pure-numpy references for every kernel: the ground truth conformance compares with."""

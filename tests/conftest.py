@@ -1,0 +1,28 @@
+"""Shared fixtures: one Context per Vulkan device present, reused across tests."""
+from __future__ import annotations
+
+import pytest
+
+from vkdflash.runtime.context import Context
+from vkdflash.runtime.device import list_devices
+
+DEVICES = list_devices()
+_contexts: dict[int, Context] = {}
+
+
+def context_for(index: int) -> Context:
+    if index not in _contexts:
+        _contexts[index] = Context(index)
+    return _contexts[index]
+
+
+@pytest.fixture(params=[d.index for d in DEVICES], ids=[f"dev{d.index}" for d in DEVICES])
+def ctx(request) -> Context:
+    """Parametrizes a test over every Vulkan device present."""
+    return context_for(request.param)
+
+
+@pytest.fixture
+def ctx0() -> Context:
+    """The default device, for tests about the runtime rather than about a kernel."""
+    return context_for(DEVICES[0].index)

@@ -1,0 +1,15 @@
+"""Every conformance case on every Vulkan device present (the same cases `vkdflash conformance` runs)."""
+from __future__ import annotations
+
+import pytest
+
+from vkdflash.conformance import all_cases, run_case
+
+CASES = all_cases()
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if c.slow else [])
+                                  for c in CASES])
+def test_case(ctx, case):
+    res = run_case(ctx, case)
+    assert res.ok, f"{case.name}: {case.metric} error {res.error:.3g} > {case.threshold:g} {res.detail}"
