@@ -22,4 +22,5 @@ def _case(n: int, groups: int):
 
 
 def cases():
-    return [_case(n, g) for n in (4, 4096, 1 << 20) for g in (1, 3)]
+    # 4M values: more than 65535 loop iterations per lane unless the dispatch is sized for it
+    return [_case(n, g) for n in (4, 4096, 1 << 20, 1 << 22) for g in (1, 3)]

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One-step set-up on Debian/Ubuntu: Vulkan loader + lavapipe (CPU fallback) + shader tools,
+# a Python environment in .venv with vkdflash installed, then the main job.
+#   ./setup.sh            set up, then run `vkdflash devices` and `vkdflash conformance`
+#   ./setup.sh --no-run   set up only
+set -euo pipefail
+cd "$(dirname "$0")"
+
+apt_packages=(libvulkan1 mesa-vulkan-drivers vulkan-tools glslc spirv-tools python3-venv)
+missing=()
+for p in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "setup: installing ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+echo "setup: done; vkdflash is .venv/bin/vkdflash"
+
+if [ "${1:-}" != "--no-run" ]; then
+    .venv/bin/vkdflash devices
+    .venv/bin/vkdflash conformance
+fi

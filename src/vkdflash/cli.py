@@ -1,0 +1,122 @@
+"""The `vkdflash` command line."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import click
+
+from .errors import VkdflashError
+
+log = logging.getLogger("vkdflash")
+
+DEVICE_OPTION = click.option("--device", "device", default=None, metavar="D",
+                             help="Vulkan device index or name substring (env VKDFLASH_DEVICE).")
+
+
+class Cli(click.Group):
+    """Turns every VkdflashError into one line on stderr and exit status 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except VkdflashError as exc:
+            click.echo(f"vkdflash: error: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("vkdflash: interrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="Log decisions (-v) and details (-vv).")
+@click.version_option(package_name="vkdflash")
+def main(verbose: int) -> None:
+    """Speculative decoding for GGUF models on any Vulkan GPU."""
+    level = logging.WARNING if not verbose else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="vkdflash: %(message)s", stream=sys.stderr)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def devices(as_json: bool) -> None:
+    """List Vulkan devices and the features vkdflash uses."""
+    from .runtime.device import choose_device, list_devices
+    devs = list_devices()
+    if not devs:
+        raise VkdflashError("no Vulkan device found: install a Vulkan driver, e.g. `apt-get install "
+                            "libvulkan1 mesa-vulkan-drivers`")
+    chosen = choose_device()
+    if as_json:
+        click.echo(json.dumps([dict(d.as_dict(), default=d.index == chosen) for d in devs], indent=1))
+        return
+    for d in devs:
+        mark = "*" if d.index == chosen else " "
+        click.echo(f"{mark}{d.index}: {d.name} [{d.vendor}, {d.device_type}] driver {d.driver}, Vulkan {d.api_version}")
+        click.echo(f"    subgroup {d.subgroup_size}, storage range {d.max_storage_buffer_range >> 20} MiB "
+                   f"(align {d.min_storage_buffer_offset_alignment}), shared {d.max_shared_memory >> 10} KiB, "
+                   f"workgroup <= {d.max_workgroup_invocations}")
+        flags = {"fp16": d.float16, "int8": d.int8, "16-bit storage": d.storage_16bit,
+                 "8-bit storage": d.storage_8bit, "int dot": d.integer_dot_product, "timestamps": d.timestamps}
+        click.echo("    " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items())
+                   + f" (timestamp period {d.timestamp_period_ns:g} ns)")
+    click.echo("(* = default device; choose with --device or VKDFLASH_DEVICE)")
+
+
+@main.command()
+@DEVICE_OPTION
+@click.option("--filter", "pattern", default=None, metavar="PATTERN",
+              help="Run only cases whose name matches (substring or glob, e.g. 'mul_mat/q4_0*').")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, writable=True),
+              help="Also write every result to this JSON file.")
+@click.option("--quick", is_flag=True, help="Skip the cases marked slow.")
+def conformance(device, pattern, json_path, quick) -> None:
+    """Check every kernel against its numpy reference on one device."""
+    from .conformance import all_cases, run_case
+    from .runtime.context import Context
+    cases = all_cases(pattern, include_slow=not quick)
+    if not cases:
+        raise VkdflashError(f"no conformance case matches {pattern!r}")
+    ctx = Context(device)
+    results = []
+    with click.progressbar(cases, label=f"conformance on {ctx.features.name}", file=sys.stderr,
+                           item_show_func=lambda c: c.name if c else "") as bar:
+        for case in bar:
+            results.append(run_case(ctx, case))
+    width = max(len(r.case.name) for r in results)
+    click.echo(f"{'case':<{width}}  {'error':>10}  {'threshold':>9}  pass")
+    for r in results:
+        thr = "exact" if r.case.metric == "exact" else "1 step" if r.case.metric == "quant" else f"{r.case.threshold:.0e}"
+        click.echo(f"{r.case.name:<{width}}  {r.error:>10.3g}  {thr:>9}  {'ok' if r.ok else 'FAIL ' + r.detail}")
+    failed = [r for r in results if not r.ok]
+    click.echo(f"{len(results) - len(failed)} passed, {len(failed)} failed on {ctx.features.name}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"device": ctx.features.as_dict(), "results": [
+                {"case": r.case.name, "metric": r.case.metric, "error": r.error, "threshold": r.case.threshold,
+                 "pass": r.ok, "detail": r.detail} for r in results]}, f, indent=1)
+    if failed:
+        sys.exit(1)
+
+
+@main.group()
+def bench() -> None:
+    """Measure speed (JSON output for comparisons)."""
+
+
+@bench.command("kernels")
+@DEVICE_OPTION
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, writable=True),
+              help="Write the figures to this JSON file (also printed).")
+@click.option("--reps", default=5, show_default=True, type=click.IntRange(1, 1000))
+def bench_kernels(device, json_path, reps) -> None:
+    """Matvec GB/s (4096x4096, F16/Q8_0/Q4_0) next to plain-copy GB/s, plus dispatch/submit overhead."""
+    from .bench import kernels
+    from .runtime.context import Context
+    report = kernels(Context(device), reps)
+    text = json.dumps(report, indent=1)
+    click.echo(text)
+    if json_path:
+        with open(json_path, "w") as f:
+            f.write(text + "\n")
