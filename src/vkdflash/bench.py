@@ -1,0 +1,73 @@
+"""`vkdflash bench`: figures measured side by side in one run, reported as JSON."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .kernels.copy import copy
+from .runtime.graph import Graph
+
+COPY_SHAPES = [(8, 1), (8, 2), (8, 4), (64, 2), (64, 16), (256, 64)]  # (workgroup, groups)
+
+
+def gpu_seconds(graph: Graph, reps: int) -> float:
+    """Best GPU time of one replay over `reps` replays (timestamps when present, else wall)."""
+    best = float("inf")
+    graph.run()  # warm-up: first replay pays for pipeline compilation and page faults
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        graph.run()
+        wall = time.perf_counter() - t0
+        stamps = graph.timings()
+        best = min(best, sum(ns for _, ns in stamps) * 1e-9 if stamps else wall)
+    return best
+
+
+def copy_gbps(ctx, nbytes: int, reps: int) -> dict:
+    """Plain-copy bandwidth, bytes read + bytes written per second, best over workgroup shapes."""
+    src, dst = ctx.buffer(nbytes), ctx.buffer(nbytes)
+    src.write(np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8))
+    shapes = {}
+    for wg, groups in COPY_SHAPES:
+        g = Graph(ctx, timestamps=True)
+        copy(g, src, dst, nbytes, groups, wg)
+        shapes[f"wg{wg}x{groups}"] = 2 * nbytes / gpu_seconds(g, reps) / 1e9
+        g.destroy()
+    src.destroy(), dst.destroy()
+    best = max(shapes, key=shapes.get)
+    return {"gbps": shapes[best], "best_shape": best, "bytes": nbytes, "shapes": shapes}
+
+
+def overheads(ctx, reps: int) -> dict:
+    """Wall time of one submit (1 tiny dispatch) and of each extra dispatch in a replayed graph."""
+    a, b = ctx.buffer(16), ctx.buffer(16)
+
+    def wall(n: int) -> float:
+        g = Graph(ctx)
+        for _ in range(n):
+            copy(g, a, b, 16)
+        g.run()
+        best = float("inf")
+        for _ in range(max(reps, 10)):
+            t0 = time.perf_counter()
+            g.run()
+            best = min(best, time.perf_counter() - t0)
+        g.destroy()
+        return best
+
+    one, many = wall(1), wall(201)
+    a.destroy(), b.destroy()
+    return {"submit_us": one * 1e6, "dispatch_us": (many - one) / 200 * 1e6}
+
+
+def kernels(ctx, reps: int = 5) -> dict:
+    from .kernels.matmul import matvec_gbps
+    copy_fig = copy_gbps(ctx, 32 << 20, reps)
+    matvec = {}
+    for t in ("f16", "q8_0", "q4_0"):
+        fig = matvec_gbps(ctx, t, 4096, 4096, reps)
+        fig["ratio_to_copy"] = fig["gbps"] / copy_fig["gbps"]
+        matvec[t] = fig
+    return {"device": ctx.features.name, "driver": ctx.features.driver, "copy": copy_fig,
+            "matvec_4096x4096": matvec, "overhead": overheads(ctx, reps)}
