@@ -21,6 +21,8 @@ def rms_norm(graph, x, w, out, n_rows: int, dim: int, eps: float) -> None:
     w = rows.check_view(ctx, "rms_norm weight", w, dim * rows.F32)
     out = rows.check_view(ctx, "rms_norm out", out, nbytes)
     vec4 = rows.vec4_ok(dim, x, w, out)
-    pipe = ctx.pipeline("rms_norm", 3, 12, (rows.workgroup(ctx), int(vec4)))
-    graph.dispatch(pipe, [x, w, out], (rows.groups(ctx, n_rows),),
+    wg = rows.workgroup(ctx)
+    iters = 2 * -(-dim // (4 * wg if vec4 else wg))  # two passes over the row
+    pipe = ctx.pipeline("rms_norm", 3, 12, (wg, int(vec4)))
+    graph.dispatch(pipe, [x, w, out], (rows.groups(ctx, n_rows, iters, "rms_norm"),),
                    struct.pack("<IIf", n_rows, dim, eps), label="rms_norm")

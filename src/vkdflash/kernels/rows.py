@@ -17,10 +17,24 @@ def workgroup(ctx) -> int:
     return sub if ctx.features.device_type == "cpu" else max(64, sub)
 
 
-def groups(ctx, n_items: int) -> int:
-    """Workgroups for `n_items` independent rows (or chunks): few on CPUs, plenty on GPUs."""
+# lavapipe stops an invocation after 65535 loop iterations in total (see kernels/copy.py)
+MAX_ITERATIONS = 65535
+MAX_GROUPS = 65535
+
+
+def groups(ctx, n_items: int, iterations_per_item: int = 1, what: str = "kernel") -> int:
+    """Workgroups for `n_items` independent rows (or chunks) that each cost one lane
+    `iterations_per_item` loop iterations: few on CPUs, plenty on GPUs, and enough that no lane
+    runs into lavapipe's loop limit."""
+    per_item = iterations_per_item + 8  # the loop over rows and the reductions count too
+    if per_item > MAX_ITERATIONS:
+        raise VkdflashError(f"{what}: one row needs {iterations_per_item} loop iterations per lane, "
+                            f"more than the {MAX_ITERATIONS} lavapipe allows; use shorter rows")
     cap = 8 if ctx.features.device_type == "cpu" else 4096
-    return max(1, min(n_items, cap))
+    need = -(-n_items // (MAX_ITERATIONS // per_item))
+    if need > MAX_GROUPS:
+        raise VkdflashError(f"{what}: {n_items} rows need {need} workgroups, more than {MAX_GROUPS}")
+    return max(1, min(n_items, max(cap, need)))
 
 
 def check_view(ctx, what: str, view, nbytes: int) -> View:

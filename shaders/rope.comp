@@ -1,0 +1,53 @@
+#version 450
+// RoPE (ggml_rope, no YaRN): pair i < n_rot/2 of every head turns by pos * freq_i.
+// normal (ggml mode 0) pairs elements (2i, 2i+1); NEOX (mode 2) pairs (i, i + n_rot/2);
+// elements from n_rot on pass through. One lane per (token, pair), looping over heads so
+// each angle is computed once.
+#include "common.glsl"
+
+layout(constant_id = 1) const bool NEOX = false;
+
+layout(binding = 0) readonly buffer X { float x[]; };
+layout(binding = 1) readonly buffer Pos { int pos[]; };     // per token, rewritten between replays
+layout(binding = 2) readonly buffer Freq { uvec2 freq[]; }; // per pair: freq_i / 2pi, 0.64 fixed point (lo, hi)
+layout(binding = 3) writeonly buffer Y { float y[]; };
+layout(push_constant) uniform Push { uint n_tokens; uint n_heads; uint half_dim; uint half_rot; } p;
+
+// (sin, cos) of 2pi * pos * f, with f a fraction of a turn in 0.64 fixed point. The product is
+// exact modulo one turn, so large positions lose nothing to range reduction; the remainder
+// around the nearest quarter turn (|a| <= pi/4) goes through Cephes' sinf/cosf polynomials,
+// which unlike the built-in sin/cos have a precision the Vulkan spec does not leave open.
+vec2 sincos_turns(int position, uvec2 f) {
+    const uint a = uint(abs(position));
+    uint hi, lo;
+    umulExtended(a, f.x, hi, lo);
+    hi += a * f.y;                              // modulo 2^32: whole turns drop out
+    const uint q = (hi + 0x20000000u) >> 30;    // nearest quarter turn
+    const int r = int(hi - (q << 30));          // remainder, units of 2^-32 turn
+    const float t = (float(r) + float(lo) * 2.3283064365386963e-10) * 1.4629180792671596e-9;
+    const float z = t * t;
+    const float s = t + t * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * -1.9515295891e-4));
+    const float c = 1.0 - 0.5 * z + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3
+                                                                           + z * 2.443315711809948e-5));
+    vec2 sc = (q & 1u) != 0u ? vec2(c, -s) : vec2(s, c);
+    if ((q & 2u) != 0u) sc = -sc;
+    if (position < 0) sc.x = -sc.x;
+    return sc;
+}
+
+void main() {
+    const uint n_items = p.n_tokens * p.half_dim, head_dim = 2u * p.half_dim;
+    const uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+    for (uint item = gl_GlobalInvocationID.x; item < n_items; item += stride) {
+        const uint token = item / p.half_dim, j = item % p.half_dim;
+        const bool rotated = j < p.half_rot;
+        const uint i0 = rotated && NEOX ? j : 2u * j, i1 = rotated && NEOX ? j + p.half_rot : 2u * j + 1u;
+        const vec2 sc = rotated ? sincos_turns(pos[token], freq[j]) : vec2(0.0, 1.0);
+        uint base = token * p.n_heads * head_dim;
+        for (uint h = 0u; h < p.n_heads; h++, base += head_dim) {
+            const float x0 = x[base + i0], x1 = x[base + i1];
+            y[base + i0] = rotated ? x0 * sc.y - x1 * sc.x : x0;
+            y[base + i1] = rotated ? x0 * sc.x + x1 * sc.y : x1;
+        }
+    }
+}

@@ -1,0 +1,70 @@
+"""RoPE (ggml_rope / ggml_rope_ext without YaRN), normal and NEOX pairing, positions from a buffer.
+
+Each pair's frequency is precomputed on the host in float64 as a fraction of a turn in 0.64
+fixed point; the shader multiplies it by the integer position exactly (modulo one turn), so the
+angle stays accurate to f32 rounding at any position instead of losing pos * 2^-24 radians."""
+from __future__ import annotations
+
+import math
+import struct
+import weakref
+
+import numpy as np
+
+from . import rows
+from ..errors import VkdflashError
+from ..ref.ops import rope_freqs
+
+MODES = ("normal", "neox")
+_tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # ctx -> {key: Buffer}
+
+
+def freq_table(n_rot: int, freq_base: float, freq_scale: float = 1.0, freq_factors=None) -> np.ndarray:
+    """uint32 (lo, hi) words per pair: round(frac(freq_i / 2pi) * 2^64)."""
+    words = []
+    for f in rope_freqs(n_rot, freq_base, freq_scale, freq_factors):
+        turns = math.fmod(float(f) / (2.0 * math.pi), 1.0) % 1.0
+        v = int(round(math.ldexp(turns, 64))) % (1 << 64)
+        words += [v & 0xFFFFFFFF, v >> 32]
+    return np.array(words, np.uint32)
+
+
+def _table(ctx, n_rot, freq_base, freq_scale, freq_factors):
+    ff = None if freq_factors is None else np.asarray(freq_factors, np.float32)
+    if ff is not None and ff.shape != (n_rot // 2,):
+        raise VkdflashError(f"rope freq_factors must have n_rot/2 = {n_rot // 2} values, got shape {ff.shape}")
+    if ff is not None and not np.all(ff > 0):
+        raise VkdflashError("rope freq_factors must be positive")
+    key = (n_rot, float(freq_base), float(freq_scale), None if ff is None else ff.tobytes())
+    cache = _tables.setdefault(ctx, {})
+    if key not in cache:
+        cache[key] = ctx.upload(freq_table(n_rot, freq_base, freq_scale, ff))
+    return cache[key]
+
+
+def rope(graph, x, positions, out, n_tokens: int, n_heads: int, head_dim: int, freq_base: float,
+         mode: str = "normal", n_rot: int | None = None, freq_scale: float = 1.0, freq_factors=None) -> None:
+    """Rotate x [n_tokens, n_heads, head_dim] f32 into out (may be x) by int32 positions [n_tokens].
+
+    The positions buffer is read at replay time, so a recorded graph serves every step.
+    Positions must be below 2^31 in magnitude; n_rot (default head_dim) must be even."""
+    ctx = graph.ctx
+    n_rot = head_dim if n_rot is None else n_rot
+    rows.check_dims(n_tokens=n_tokens, n_heads=n_heads, head_dim=head_dim, n_rot=n_rot)
+    if mode not in MODES:
+        raise VkdflashError(f"rope mode must be one of {MODES}, got {mode!r}")
+    if head_dim % 2 or n_rot % 2 or n_rot > head_dim:
+        raise VkdflashError(f"rope needs even head_dim and n_rot <= head_dim, got {head_dim} and {n_rot}")
+    if not (freq_base > 0 and freq_scale > 0):
+        raise VkdflashError(f"rope freq_base and freq_scale must be positive, got {freq_base} and {freq_scale}")
+    nbytes = n_tokens * n_heads * head_dim * rows.F32
+    x = rows.check_view(ctx, "rope x", x, nbytes)
+    positions = rows.check_view(ctx, "rope positions", positions, n_tokens * 4)
+    out = rows.check_view(ctx, "rope out", out, nbytes)
+    table = _table(ctx, n_rot, freq_base, freq_scale, freq_factors)
+    wg = rows.workgroup(ctx)
+    n_items = n_tokens * (head_dim // 2)
+    chunks = -(-n_items // wg)  # one lane per (token, pair), each looping over the heads
+    pipe = ctx.pipeline("rope", 4, 16, (wg, int(mode == "neox")))
+    graph.dispatch(pipe, [x, positions, table, out], (rows.groups(ctx, chunks, n_heads, "rope"),),
+                   struct.pack("<IIII", n_tokens, n_heads, head_dim // 2, n_rot // 2), label=f"rope_{mode}")
