@@ -1,0 +1,92 @@
+"""KV-cache store: quantize f32 rows into cache rows named by a positions buffer (set_rows.comp).
+
+Cache layout (one layer, K or V): n_ctx rows; row p holds position p as
+n_kv_heads*head_dim values in the cache type's ggml block layout, head h at values
+[h*head_dim, (h+1)*head_dim). The positions buffer holds one uint32 per stored row and is
+rewritten between replays (`write_positions` checks and writes it), so one recorded graph
+serves every decoding step. Quantization is bit-exact with gguf-py (ggml's iq4_nl reference
+for iq4_nl): see shaders/quantize.glsl."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from ..errors import VkdflashError
+from ..runtime.memory import as_view, pieces
+from .types import CACHE_TYPES, get_type
+
+WORKGROUP = 8  # one lavapipe SIMD row; every invocation quantizes a whole block
+
+
+def cache_row_bytes(row_len: int, cache_type: str) -> int:
+    t = get_type(cache_type)
+    if t.name not in CACHE_TYPES:
+        raise VkdflashError(f"{t.name} is not a KV-cache type; use one of {', '.join(CACHE_TYPES)}")
+    if row_len <= 0 or row_len % 32:
+        raise VkdflashError(f"cache rows need a positive multiple of 32 values, got {row_len}")
+    return t.row_bytes(row_len)
+
+
+def cache_rows(cache, row_len: int, cache_type: str) -> int:
+    """Number of positions (n_ctx) a cache buffer or view holds."""
+    size, rb = as_view(cache).size, cache_row_bytes(row_len, cache_type)
+    if size % rb:
+        raise VkdflashError(f"cache of {size} bytes is not a whole number of {rb}-byte {cache_type} rows")
+    return size // rb
+
+
+def write_positions(positions_buffer, positions, n_ctx: int, offset: int = 0) -> None:
+    """Check and write the uint32 cache positions of the next store (host side, between replays)."""
+    pos = np.asarray(positions)
+    if pos.ndim != 1 or (pos.size and not np.issubdtype(pos.dtype, np.integer)):
+        raise VkdflashError("positions must be a 1-D sequence of integers")
+    if pos.size and (pos.min() < 0 or pos.max() >= n_ctx):
+        raise VkdflashError(f"cache position {int(pos.min() if pos.min() < 0 else pos.max())} "
+                            f"is outside the cache (n_ctx {n_ctx})")
+    if np.unique(pos).size != pos.size:
+        raise VkdflashError("a store names the same cache position twice")
+    view = as_view(positions_buffer)
+    if offset + 4 * pos.size > view.size:
+        raise VkdflashError(f"{pos.size} positions do not fit a {view.size}-byte positions buffer")
+    view.buffer.write(pos.astype(np.uint32), view.offset + offset)
+
+
+def store_rows(graph, src_view, positions_view, cache_view, n_rows: int, row_len: int, cache_type: str,
+               src_stride: int | None = None, workgroup: int = WORKGROUP) -> None:
+    """Record: cache[positions[r]] = quantize(src[r]) for r < n_rows.
+
+    src_view: n_rows f32 rows, `src_stride` floats apart (default row_len); positions_view:
+    n_rows uint32 (see write_positions); cache_view: the whole cache (n_ctx rows). Caches
+    larger than one binding are stored piece by piece, each dispatch skipping rows of others."""
+    t = get_type(cache_type)
+    rb = cache_row_bytes(row_len, cache_type)
+    stride = row_len if src_stride is None else int(src_stride)
+    if n_rows <= 0:
+        raise VkdflashError(f"store_rows needs at least one row, got {n_rows}")
+    if stride < row_len:
+        raise VkdflashError(f"source stride {stride} is shorter than a row of {row_len} values")
+    src, pos, cache = as_view(src_view), as_view(positions_view), as_view(cache_view)
+    if src.size < 4 * ((n_rows - 1) * stride + row_len):
+        raise VkdflashError(f"source of {src.size} bytes holds fewer than {n_rows} rows of {row_len} floats")
+    if pos.size < 4 * n_rows:
+        raise VkdflashError(f"positions buffer of {pos.size} bytes holds fewer than {n_rows} uint32")
+    n_ctx = cache_rows(cache, row_len, cache_type)
+    ctx = graph.ctx
+    pipe = ctx.pipeline("set_rows", 3, 20, (workgroup, t.id))
+    blocks = n_rows * (row_len // 32)
+    groups = -(-blocks // workgroup)
+    for row0, count in _pieces(ctx, n_ctx, rb, cache.offset):
+        piece = cache.buffer.view(cache.offset + row0 * rb, count * rb)
+        push = struct.pack("<5I", n_rows, row_len, stride, row0, count)
+        graph.dispatch(pipe, [src, pos, piece], (groups,), push, label=f"set_rows.{t.name}")
+
+
+def _pieces(ctx, n_ctx: int, row_bytes: int, offset: int) -> list[tuple[int, int]]:
+    limit = ctx.features.max_storage_buffer_range
+    if n_ctx * row_bytes <= limit:
+        return [(0, n_ctx)]
+    align = ctx.features.min_storage_buffer_offset_alignment
+    if offset % align:
+        raise VkdflashError(f"a cache larger than one binding must start at a {align}-byte aligned offset")
+    return pieces(ctx, n_ctx, row_bytes)
