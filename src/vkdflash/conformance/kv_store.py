@@ -1,0 +1,45 @@
+"""KV-cache store: the whole cache after a store must equal the numpy quantizer's bytes in the
+named rows and stay untouched elsewhere (reference.md section 7: bit-exact with gguf-py;
+iq4_nl within one quant step of ggml's reference algorithm)."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import Case, Output, rng, uniform
+from ..kernels.kv_store import cache_row_bytes, store_rows, write_positions
+from ..kernels.types import CACHE_TYPES
+from ..ref.quantize import dequantize, quant_step, quantize
+from ..runtime.graph import Graph
+
+# (row_len, n_rows, n_ctx): decode, a prompt batch, a 64-row batch, a ragged row length
+SHAPES = [(64, 1, 8), (256, 5, 40), (1024, 64, 100), (96, 7, 9)]
+
+
+def _case(cache_type: str, row_len: int, n_rows: int, n_ctx: int):
+    exact = cache_type != "iq4_nl"  # the only type gguf-py cannot quantize
+
+    def run(ctx):
+        r = rng("kv_store", cache_type, row_len, n_rows, n_ctx)
+        x = uniform(r, n_rows, row_len)
+        pos = r.permutation(n_ctx)[:n_rows]  # distinct, unordered, non-contiguous
+        rb = cache_row_bytes(row_len, cache_type)
+        src, posb, out = ctx.upload(x), ctx.buffer(4 * n_rows), Output(ctx, n_ctx * rb)
+        write_positions(posb, pos, n_ctx)
+        g = Graph(ctx)
+        store_rows(g, src, posb, out.view, n_rows, row_len, cache_type)
+        g.run()
+        got = out.read(np.uint8).reshape(n_ctx, rb)
+        g.destroy(), src.destroy(), posb.destroy(), out.destroy()
+        want = got.copy()
+        want[:] = 0xA5  # Output's fill: rows not stored keep it
+        want[pos] = quantize(x, cache_type)
+        if exact:
+            return got, want
+        return dequantize(got, cache_type), dequantize(want, cache_type), quant_step(want, cache_type)
+
+    return Case(f"kv_store/{cache_type}/row_len={row_len},rows={n_rows},n_ctx={n_ctx}", run,
+                metric="exact" if exact else "quant")
+
+
+def cases():
+    return [_case(t, *s) for t in CACHE_TYPES for s in SHAPES]
