@@ -6,7 +6,8 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 
 shared float row_red[gl_WorkGroupSize.x];
-shared uint row_red_u[gl_WorkGroupSize.x];
+shared uint row_red_key[gl_WorkGroupSize.x];
+shared uint row_red_idx[gl_WorkGroupSize.x];
 
 // Across subgroups (only when the workgroup has several): the leading barrier keeps a previous
 // call's readers from seeing this call's writes.
@@ -42,7 +43,7 @@ void row_argmax(inout uint key, inout uint idx) {
         better(key, idx, subgroupShuffleXor(key, m), subgroupShuffleXor(idx, m));
     if (gl_NumSubgroups == 1u) return;
     barrier();
-    if (gl_SubgroupInvocationID == 0u) { row_red_u[gl_SubgroupID] = key; row_red[gl_SubgroupID] = uintBitsToFloat(idx); }
+    if (gl_SubgroupInvocationID == 0u) { row_red_key[gl_SubgroupID] = key; row_red_idx[gl_SubgroupID] = idx; }
     barrier();
-    for (uint k = 0u; k < gl_NumSubgroups; k++) better(key, idx, row_red_u[k], floatBitsToUint(row_red[k]));
+    for (uint k = 0u; k < gl_NumSubgroups; k++) better(key, idx, row_red_key[k], row_red_idx[k]);
 }
