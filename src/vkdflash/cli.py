@@ -61,6 +61,7 @@ def devices(as_json: bool) -> None:
                  "8-bit storage": d.storage_8bit, "int dot": d.integer_dot_product, "timestamps": d.timestamps}
         click.echo("    " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items())
                    + f" (timestamp period {d.timestamp_period_ns:g} ns)")
+        click.echo(f"    subgroup ops: {' '.join(d.subgroup_ops)}")
     click.echo("(* = default device; choose with --device or VKDFLASH_DEVICE)")
 
 

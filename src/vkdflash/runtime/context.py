@@ -10,6 +10,9 @@ from .pipelines import Pipeline
 
 log = logging.getLogger("vkdflash")
 
+# row reductions use subgroup butterflies (shuffle) and subgroup adds
+REQUIRED_SUBGROUP_OPS = ("basic", "arithmetic", "shuffle")
+
 
 class Context:
     """Everything that runs GPU work on one device goes through one Context."""
@@ -23,6 +26,10 @@ class Context:
         if not self.features.storage_16bit:
             raise VkdflashError(f"device {self.features.name!r} lacks 16-bit storage buffers, "
                                 "which every vkdflash kernel reads quantized blocks with")
+        missing = [op for op in REQUIRED_SUBGROUP_OPS if op not in self.features.subgroup_ops]
+        if missing:
+            raise VkdflashError(f"device {self.features.name!r} lacks subgroup operations in compute "
+                                f"shaders: {', '.join(missing)}")
         self.physical = self.instance.physical[self.index]
         self.queue_family = self.instance.compute_queue_family(self.index)
         s16 = ffi.new("VkPhysicalDevice16BitStorageFeatures*", {

@@ -28,6 +28,7 @@ class Features:
     device_type: str
     api_version: str
     subgroup_size: int
+    subgroup_ops: list
     max_storage_buffer_range: int
     min_storage_buffer_offset_alignment: int
     max_shared_memory: int
@@ -46,6 +47,8 @@ class Features:
 
 VENDORS = {0x10DE: "NVIDIA", 0x1002: "AMD", 0x8086: "Intel", 0x106B: "Apple",
            0x10005: "Mesa", 0x13B5: "ARM", 0x5143: "Qualcomm"}
+SUBGROUP_OPS = {1: "basic", 2: "vote", 4: "arithmetic", 8: "ballot", 16: "shuffle",
+                32: "shuffle_relative", 64: "clustered", 128: "quad"}
 TYPES = {0: "other", 1: "integrated-gpu", 2: "discrete-gpu", 3: "virtual-gpu", 4: "cpu"}
 
 
@@ -106,6 +109,9 @@ class Instance:
             device_type=TYPES.get(p.deviceType, str(p.deviceType)),
             api_version=f"{api >> 22}.{(api >> 12) & 0x3FF}.{api & 0xFFF}",
             subgroup_size=subgroup.subgroupSize,
+            subgroup_ops=[name for bit, name in SUBGROUP_OPS.items()
+                          if subgroup.supportedOperations & bit
+                          and subgroup.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT],
             max_storage_buffer_range=p.limits.maxStorageBufferRange,
             min_storage_buffer_offset_alignment=p.limits.minStorageBufferOffsetAlignment,
             max_shared_memory=p.limits.maxComputeSharedMemorySize,
