@@ -1,0 +1,296 @@
+"""GGUF container parsing: metadata and tensor directory, memory-mapped, every read bounds-checked.
+
+gguf-py's GGUFReader builds a numpy view per array element (about 12 s of CPU for a 150k-token
+vocabulary here) and loops on array lengths it never checks against the file size, so a corrupt
+length can hang it. This parser walks the same format (GGUF v2/v3, little endian) with struct,
+checks every count against the bytes left, and reports problems as one-line VkdflashErrors.
+gguf-py still supplies the type tables and writes the test files.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+from ..errors import VkdflashError
+
+GGUF_MAGIC = b"GGUF"
+MAX_DIMS = 4
+MAX_NAME = 1 << 16           # bytes in a key or tensor name
+_SCALARS = {  # value type -> struct format
+    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    type_id: int
+    shape: tuple[int, ...]   # ggml order: shape[0] = elements per row (ne0)
+    offset: int              # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        return GGMLQuantizationType(self.type_id).name
+
+
+class _Cursor:
+    def __init__(self, buf, size: int):
+        self.buf, self.size, self.pos = buf, size, 0
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise VkdflashError(f"truncated: {what} at byte {self.pos} runs past the end of the file "
+                                f"({self.size} bytes)")
+
+    def unpack(self, fmt: str, what: str):
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        value = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += n
+        return value
+
+    def string(self, what: str, limit: int | None = None) -> str:
+        n = self.unpack("<Q", what)
+        if limit is not None and n > limit:
+            raise VkdflashError(f"{what} is {n} bytes long (limit {limit})")
+        self.need(n, what)
+        raw = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise VkdflashError(f"{what} at byte {self.pos - n} is not valid UTF-8") from None
+
+
+class GGUFFile:
+    """A parsed GGUF: `metadata` (key -> value), `value_types` (key -> GGUFValueType, arrays as
+    (ARRAY, item type)), `tensors` (name -> TensorInfo, file order). Arrays of numbers are numpy
+    arrays, arrays of strings are lists of str."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        try:
+            with open(self.path, "rb") as f:
+                self.file_size = os.fstat(f.fileno()).st_size
+                if self.file_size < 24:
+                    raise VkdflashError(f"{self.path}: {self.file_size} bytes is too short for a GGUF file")
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as exc:
+            raise VkdflashError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        try:
+            self._parse()
+        except VkdflashError as exc:
+            self.close()
+            raise VkdflashError(f"{self.path}: {exc}") from None
+
+    def _parse(self) -> None:
+        c = _Cursor(self._mm, self.file_size)
+        if self._mm[:4] != GGUF_MAGIC:
+            raise VkdflashError(f"not a GGUF file (magic {bytes(self._mm[:4])!r}, expected b'GGUF')")
+        c.pos = 4
+        self.version = c.unpack("<I", "version")
+        if self.version not in (2, 3):
+            hint = " (big-endian files are not supported)" if self.version & 0xFFFF == 0 else ""
+            raise VkdflashError(f"unsupported GGUF version {self.version}{hint}")
+        n_tensors = c.unpack("<Q", "tensor count")
+        n_kv = c.unpack("<Q", "metadata count")
+        # smallest possible entries: a key/value is 8+1+4+1 bytes, a tensor 8+1+4+8+4+8
+        if n_kv * 14 > self.file_size or n_tensors * 33 > self.file_size:
+            raise VkdflashError(f"header claims {n_kv} metadata entries and {n_tensors} tensors, "
+                                f"impossible in {self.file_size} bytes")
+        self.metadata: dict[str, Any] = {}
+        self.value_types: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = c.string("metadata key", MAX_NAME)
+            if key in self.metadata:
+                raise VkdflashError(f"duplicate metadata key {key!r}")
+            self.metadata[key], self.value_types[key] = self._value(c, key)
+        align = self.metadata.get("general.alignment", 32)
+        if (self.value_types.get("general.alignment", GGUFValueType.UINT32) != GGUFValueType.UINT32
+                or align <= 0 or align & (align - 1)):
+            raise VkdflashError(f"general.alignment must be a power-of-two uint32, got {align!r}")
+        self.alignment = align
+        infos = [self._tensor_info(c) for _ in range(n_tensors)]
+        self.data_offset = -(-c.pos // align) * align
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, shape, type_id, rel in infos:
+            if name in self.tensors:
+                raise VkdflashError(f"duplicate tensor {name!r}")
+            if rel % align:
+                raise VkdflashError(f"tensor {name} offset {rel} is not a multiple of the alignment {align}")
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
+            if shape[0] % block:
+                raise VkdflashError(f"tensor {name}: row length {shape[0]} is not a multiple of the "
+                                    f"{GGMLQuantizationType(type_id).name} block size {block}")
+            nbytes = int(np.prod(shape, dtype=object)) // block * block_bytes
+            start = self.data_offset + rel
+            if start + nbytes > self.file_size:
+                raise VkdflashError(f"tensor {name} data (bytes {start}..{start + nbytes}) lies past the end "
+                                    f"of the file ({self.file_size} bytes): truncated or corrupt")
+            self.tensors[name] = TensorInfo(name, type_id, shape, start, nbytes)
+
+    def _value(self, c: _Cursor, key: str):
+        raw = c.unpack("<I", f"type of {key}")
+        try:
+            vtype = GGUFValueType(raw)
+        except ValueError:
+            raise VkdflashError(f"metadata {key!r} has unknown value type {raw}") from None
+        if vtype == GGUFValueType.STRING:
+            return c.string(f"value of {key}"), vtype
+        if vtype in _SCALARS:
+            return c.unpack(_SCALARS[vtype], f"value of {key}"), vtype
+        raw = c.unpack("<I", f"item type of {key}")
+        try:
+            itype = GGUFValueType(raw)
+        except ValueError:
+            raise VkdflashError(f"metadata {key!r} has unknown array item type {raw}") from None
+        count = c.unpack("<Q", f"length of {key}")
+        if itype == GGUFValueType.STRING:
+            c.need(count * 8, f"array {key} ({count} strings)")
+            return [c.string(f"item of {key}") for _ in range(count)], (vtype, itype)
+        if itype not in _SCALARS:
+            raise VkdflashError(f"metadata {key!r}: arrays of {itype.name} are not supported")
+        dtype = np.dtype(_SCALARS[itype])
+        c.need(count * dtype.itemsize, f"array {key} ({count} x {itype.name})")
+        arr = np.frombuffer(self._mm, dtype, count, c.pos)
+        c.pos += count * dtype.itemsize
+        return arr, (vtype, itype)
+
+    def _tensor_info(self, c: _Cursor):
+        name = c.string("tensor name", MAX_NAME)
+        n_dims = c.unpack("<I", f"dimension count of {name}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise VkdflashError(f"tensor {name} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+        shape = tuple(c.unpack("<Q", f"shape of {name}") for _ in range(n_dims))
+        if min(shape) < 1 or int(np.prod(shape, dtype=object)) >= 1 << 50:
+            raise VkdflashError(f"tensor {name} has an absurd shape {list(shape)}")
+        type_id = c.unpack("<I", f"type of {name}")
+        if type_id not in GGMLQuantizationType._value2member_map_:
+            raise VkdflashError(f"tensor {name} has unknown ggml type id {type_id}")
+        return name, shape, type_id, c.unpack("<Q", f"offset of {name}")
+
+    def data(self, name: str) -> np.ndarray:
+        """The raw bytes of a tensor: a read-only np.uint8 view of the mapping (no copy)."""
+        t = self.tensors[name]
+        return np.frombuffer(self._mm, np.uint8, t.nbytes, t.offset)
+
+    def close(self) -> None:
+        mm, self._mm = getattr(self, "_mm", None), None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:  # views still alive: the mapping goes when they do
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# 2-D weights may use any of these; 1-D tensors (norms, biases, rope factors) only the float ones
+WEIGHT_TYPE_IDS = frozenset(int(GGMLQuantizationType[n.upper()]) for n in
+                            ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k"))
+VECTOR_TYPE_IDS = frozenset(int(t) for t in (GGMLQuantizationType.F32, GGMLQuantizationType.F16,
+                                             GGMLQuantizationType.BF16))
+
+
+def expected_tensors(hp) -> dict[str, tuple[int, ...]]:
+    """Every tensor a dense llama/qwen2/qwen3 file must hold, name -> ggml shape, as llama.cpp names them."""
+    d, hd, ff = hp.n_embd, hp.head_dim, hp.n_ff
+    q, kv = hp.n_head * hd, hp.n_head_kv * hd
+    spec = {"token_embd.weight": (d, hp.n_vocab), "output_norm.weight": (d,)}
+    if not hp.tied_output:
+        spec["output.weight"] = (d, hp.n_vocab)
+    if hp.has_rope_freqs:
+        spec["rope_freqs.weight"] = (hd // 2,)
+    for i in range(hp.n_layer):
+        b = f"blk.{i}."
+        spec.update({b + "attn_norm.weight": (d,), b + "attn_q.weight": (d, q), b + "attn_k.weight": (d, kv),
+                     b + "attn_v.weight": (d, kv), b + "attn_output.weight": (q, d), b + "ffn_norm.weight": (d,),
+                     b + "ffn_gate.weight": (d, ff), b + "ffn_up.weight": (d, ff), b + "ffn_down.weight": (ff, d)})
+        if hp.has_qkv_bias:
+            spec.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
+        if hp.has_qk_norm:
+            spec.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)})
+    return spec
+
+
+class TensorData(NamedTuple):
+    type_id: int             # ggml type id
+    shape: tuple[int, ...]   # ggml order: shape[0] = elements per row
+    data: np.ndarray         # raw bytes, np.uint8, a read-only view of the mapped file
+
+
+class ModelFile:
+    """A GGUF checked to hold a dense llama / qwen2 / qwen3 model that vkdflash can run."""
+
+    def __init__(self, path: str | os.PathLike):
+        from .hparams import read_hparams
+        self.gguf = GGUFFile(path)
+        try:
+            self.hparams = read_hparams(self.gguf.metadata, self.gguf.value_types, list(self.gguf.tensors))
+            self._check_tensors()
+        except VkdflashError as exc:
+            self.gguf.close()
+            raise VkdflashError(f"{self.gguf.path}: {exc}") from None
+
+    def _check_tensors(self) -> None:
+        tensors = self.gguf.tensors
+        spec = expected_tensors(self.hparams)
+        for name, shape in spec.items():
+            t = tensors.get(name)
+            if t is None:
+                raise VkdflashError(f"missing tensor {name}")
+            if t.shape != shape:
+                raise VkdflashError(f"tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
+            allowed = VECTOR_TYPE_IDS if len(shape) == 1 else WEIGHT_TYPE_IDS
+            if t.type_id not in allowed:
+                names = ", ".join(GGMLQuantizationType(i).name for i in sorted(allowed))
+                raise VkdflashError(f"tensor {name} has type {t.type_name}, not supported here ({names})")
+        for name in tensors:
+            if name not in spec:
+                raise VkdflashError(f"unexpected tensor {name} (not part of a dense {self.hparams.arch} model)")
+
+    @property
+    def metadata(self) -> dict:
+        return self.gguf.metadata
+
+    @property
+    def output_name(self) -> str:
+        """The output projection's tensor: token_embd.weight when the embedding is tied."""
+        return "token_embd.weight" if self.hparams.tied_output else "output.weight"
+
+    def tensor(self, name: str) -> TensorData:
+        t = self.gguf.tensors.get(name)
+        if t is None:
+            raise VkdflashError(f"{self.gguf.path}: no tensor {name}")
+        return TensorData(t.type_id, t.shape, self.gguf.data(name))
+
+    def describe(self) -> str:
+        from .describe import describe
+        return describe(self.gguf, self.hparams)
+
+    def close(self) -> None:
+        self.gguf.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load_model(path: str | os.PathLike) -> ModelFile:
+    return ModelFile(path)

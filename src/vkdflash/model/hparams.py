@@ -1,0 +1,126 @@
+"""Model hyperparameters read from GGUF metadata, with llama.cpp's key names and defaults."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from gguf.constants import GGUFValueType as VT
+
+from ..errors import VkdflashError
+
+# rope pairing per architecture, as llama.cpp's llama_model_rope_type(): names as in kernels/rope.py
+ROPE_MODES = {"llama": "normal", "qwen2": "neox", "qwen3": "neox"}
+ARCHITECTURES = tuple(ROPE_MODES)
+
+_INTS = {VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64}
+_FLOATS = {VT.FLOAT32, VT.FLOAT64}
+# sanity bounds: far above any real model, low enough that no size computed from them is absurd
+MAX_LAYERS = 1024
+MAX_EMBD = 1 << 17
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 1024
+MAX_VOCAB = 1 << 22
+MAX_CTX = 1 << 26
+
+
+@dataclass(frozen=True)
+class HParams:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    rms_eps: float
+    rope_base: float
+    rope_mode: str          # "normal" (llama) or "neox" (qwen2, qwen3)
+    n_ctx_train: int
+    n_vocab: int
+    tied_output: bool       # no output.weight: the output projection is token_embd
+    has_qkv_bias: bool      # blk.N.attn_{q,k,v}.bias present (qwen2)
+    has_qk_norm: bool       # qwen3
+    has_rope_freqs: bool = False  # rope_freqs.weight present (per-pair frequency factors)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Meta:
+    def __init__(self, metadata: dict, value_types: dict):
+        self.md, self.vt = metadata, value_types
+
+    def _get(self, key, kinds, kind_name, default):
+        if key not in self.md:
+            if default is None:
+                raise VkdflashError(f"missing metadata key {key}")
+            return default
+        if self.vt[key] not in kinds:
+            vt = self.vt[key]
+            shown = f"an array of {vt[1].name}" if isinstance(vt, tuple) else vt.name
+            raise VkdflashError(f"metadata {key} should be {kind_name}, found {shown}")
+        return self.md[key]
+
+    def int(self, key, lo, hi, default=None) -> int:
+        v = int(self._get(key, _INTS, "an integer", default))
+        if not lo <= v <= hi:
+            raise VkdflashError(f"metadata {key} = {v} is out of range ({lo}..{hi})")
+        return v
+
+    def float(self, key, default=None) -> float:
+        v = float(self._get(key, _FLOATS, "a float", default))
+        if not (v > 0 and v < float("inf")):
+            raise VkdflashError(f"metadata {key} = {v} must be a positive finite number")
+        return v
+
+    def str(self, key) -> str:
+        return self._get(key, {VT.STRING}, "a string", None)
+
+
+def read_hparams(metadata: dict, value_types: dict, tensor_names) -> HParams:
+    """HParams of a llama / qwen2 / qwen3 file; the tensor names decide tied output and options."""
+    m = _Meta(metadata, value_types)
+    arch = m.str("general.architecture")
+    if arch not in ROPE_MODES:
+        raise VkdflashError(f"architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+    n_tensors = len(tensor_names)
+    n_layer = m.int(f"{arch}.block_count", 1, MAX_LAYERS)
+    if n_layer * 9 + 2 > n_tensors:
+        raise VkdflashError(f"{arch}.block_count = {n_layer} needs at least {n_layer * 9 + 2} tensors, "
+                            f"the file holds {n_tensors}")
+    n_embd = m.int(f"{arch}.embedding_length", 1, MAX_EMBD)
+    n_ff = m.int(f"{arch}.feed_forward_length", 1, 16 * MAX_EMBD)
+    n_head = m.int(f"{arch}.attention.head_count", 1, MAX_HEADS)
+    n_head_kv = m.int(f"{arch}.attention.head_count_kv", 1, n_head, default=n_head)
+    if n_head % n_head_kv:
+        raise VkdflashError(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+    if f"{arch}.attention.key_length" not in metadata and n_embd % n_head:
+        raise VkdflashError(f"embedding_length {n_embd} is not a multiple of head_count {n_head} "
+                            f"and {arch}.attention.key_length is missing")
+    head_dim = m.int(f"{arch}.attention.key_length", 2, MAX_HEAD_DIM, default=n_embd // n_head)
+    if head_dim % 2:
+        raise VkdflashError(f"head dimension {head_dim} must be even for rope")
+    v_dim = m.int(f"{arch}.attention.value_length", 1, MAX_HEAD_DIM, default=head_dim)
+    if v_dim != head_dim:
+        raise VkdflashError(f"value_length {v_dim} differs from key_length {head_dim}: not supported")
+    n_rot = m.int(f"{arch}.rope.dimension_count", 1, MAX_HEAD_DIM, default=head_dim)
+    if n_rot != head_dim:
+        raise VkdflashError(f"partial rotary embedding (rope.dimension_count {n_rot} < head dim {head_dim}) "
+                            "is not supported")
+    if metadata.get(f"{arch}.expert_count", 0):
+        raise VkdflashError(f"mixture-of-experts models ({arch}.expert_count) are not supported")
+    scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none":
+        raise VkdflashError(f"rope scaling {scaling!r} is not supported")
+    if "tokenizer.ggml.tokens" in metadata:
+        n_tok = len(metadata["tokenizer.ggml.tokens"])
+        n_vocab = m.int(f"{arch}.vocab_size", 1, MAX_VOCAB, default=n_tok)
+    else:
+        n_vocab = m.int(f"{arch}.vocab_size", 1, MAX_VOCAB)
+    names = set(tensor_names)
+    return HParams(
+        arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+        head_dim=head_dim, rms_eps=m.float(f"{arch}.attention.layer_norm_rms_epsilon"),
+        rope_base=m.float(f"{arch}.rope.freq_base", default=10000.0), rope_mode=ROPE_MODES[arch],
+        n_ctx_train=m.int(f"{arch}.context_length", 1, MAX_CTX), n_vocab=n_vocab,
+        tied_output="output.weight" not in names, has_qkv_bias="blk.0.attn_q.bias" in names,
+        has_qk_norm=arch == "qwen3", has_rope_freqs="rope_freqs.weight" in names)
