@@ -1,0 +1,74 @@
+"""Fused flash-style attention over a ggml-layout KV cache (shaders/flash_attn.comp).
+
+Cache layout (one layer, K and V alike): n_ctx rows, row p holds position p as n_head_kv*head_dim
+values in the cache type's block layout; head h occupies values [h*head_dim, (h+1)*head_dim).
+The K and V types are specialization constants, so every K/V pair runs from one SPIR-V.
+Rotation (Hadamard) is applied outside this kernel."""
+from __future__ import annotations
+
+import math
+import struct
+
+from ..errors import VkdflashError
+from ..runtime.memory import View, as_view
+from .types import CACHE_TYPES, get_type
+
+LANES = 8        # invocations per (query, head); fixed, because the walk order depends on it
+MAX_HEAD_DIM = 256
+MASKS = {"causal": 0, "block": 1}
+
+
+def attention(graph, q_view, k_view, v_view, out_view, params_view, n_q: int, n_head: int,
+              n_head_kv: int, head_dim: int, k_type, v_type, mask: str = "causal",
+              scale: float | None = None) -> None:
+    """Record out = softmax(scale * Q K^T + mask) V for n_q queries at cache positions
+    first_pos .. first_pos+n_q-1, first_pos being uint32 word 0 of `params_view` (read at run time,
+    so the host may rewrite it between replays). Q and out are f32 [n_q, n_head, head_dim].
+
+    mask "causal": query i sees positions 0..first_pos+i. mask "block": every query sees
+    0..first_pos+n_q-1. The cache binding's row count bounds every visible length."""
+    kt, vt = _cache_type(k_type), _cache_type(v_type)
+    if mask not in MASKS:
+        raise VkdflashError(f"attention mask must be one of {', '.join(MASKS)}, got {mask!r}")
+    if head_dim <= 0 or head_dim % 32 or head_dim > MAX_HEAD_DIM:
+        raise VkdflashError(f"attention head_dim must be a multiple of 32 up to {MAX_HEAD_DIM}, got {head_dim}")
+    if n_q <= 0 or n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+        raise VkdflashError(f"attention needs n_head ({n_head}) to be a positive multiple of "
+                            f"n_head_kv ({n_head_kv}) and n_q ({n_q}) > 0")
+    q_view, k_view, v_view = as_view(q_view), as_view(k_view), as_view(v_view)
+    out_view, params_view = as_view(out_view), as_view(params_view)
+    qo_bytes = n_q * n_head * head_dim * 4
+    for name, view in (("Q", q_view), ("output", out_view)):
+        if view.size < qo_bytes:
+            raise VkdflashError(f"attention {name} holds {view.size} bytes, needs {qo_bytes} "
+                                f"(f32 [{n_q}, {n_head}, {head_dim}])")
+    k_row, v_row = kt.row_bytes(n_head_kv * head_dim), vt.row_bytes(n_head_kv * head_dim)
+    n_ctx = min(k_view.size // k_row, v_view.size // v_row)
+    if n_ctx == 0:
+        raise VkdflashError(f"attention cache bindings hold no full row ({k_row} / {v_row} bytes)")
+    k_view, v_view = _padded(k_view, "K"), _padded(v_view, "V")
+    if params_view.size < 4:
+        raise VkdflashError("attention params buffer must hold a uint32 first_pos")
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    pipe = graph.ctx.pipeline("flash_attn", 5, 32, (LANES, head_dim, kt.id, vt.id))
+    push = struct.pack("<7If", n_q, n_head, n_head // n_head_kv, n_ctx, k_row // 2, v_row // 2,
+                       MASKS[mask], scale)
+    graph.dispatch(pipe, [q_view, k_view, v_view, out_view, params_view], (n_head, n_q), push,
+                   label=f"flash_attn/{kt.name},{vt.name}")
+
+
+def _padded(view: View, what: str) -> View:
+    """The shader reads caches in 16-byte vectors: bind up to the next 16-byte boundary (those
+    bytes are read, never used), which the cache buffer must hold."""
+    size = -(-view.size // 16) * 16
+    if view.offset + size > view.buffer.nbytes:
+        raise VkdflashError(f"attention {what} cache buffer must extend to a 16-byte boundary after the "
+                            f"bound rows: allocate {size - view.size} more bytes")
+    return View(view.buffer, view.offset, size)
+
+
+def _cache_type(t):
+    tt = get_type(t)
+    if tt.name not in CACHE_TYPES:
+        raise VkdflashError(f"{tt.name} is not a KV cache type; cache types: {', '.join(CACHE_TYPES)}")
+    return tt
