@@ -7,6 +7,7 @@ patch_tensor_info() edits a written file's tensor directory in place.
 """
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from vkdflash.tokenizer import byte_chars
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]   # control tokens 0, 1, 2
 USER_TOKEN = "<tool>"                                         # user-defined token, last id
 MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e", "r"), ("o", "n"),
-          ("Ġ", "w"), ("o", "r"), ("l", "l"), ("e", "ll"), ("h", "ell"), ("hell", "o"), ("Ġ", "hello"),
+          ("Ġ", "w"), ("o", "r"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("Ġ", "hello"),
           ("Ġw", "or"), ("Ġwor", "l"), ("Ġworl", "d"), ("Ġ", "Ġ")]
 SMOLLM_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -29,6 +30,9 @@ SMOLLM_TEMPLATE = (
     "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 DROP = object()  # metadata override value that removes the key
+# the project's read-only shared data, beside the repository (override: VKDFLASH_SHARED)
+SHARED = Path(os.environ.get("VKDFLASH_SHARED") or Path(__file__).resolve().parents[2] / "shared")
+TOKENIZER_DATA = SHARED / "data" / "tokenizer"
 
 
 def vocab() -> tuple[list[str], list[int], list[str]]:
@@ -47,8 +51,8 @@ def _weights(r, shape_ggml, type_name: str) -> tuple[np.ndarray, GT]:
     x = (0.05 * r.standard_normal(np_shape)).astype(np.float32)
     if gt == GT.F32:
         return x, gt
-    if gt == GT.F16:
-        return x.astype(np.float16), gt
+    if gt in (GT.F16, GT.F64):
+        return x.astype(np.float16 if gt == GT.F16 else np.float64), gt
     if gt in (GT.Q4_K, GT.Q6_K):  # gguf-py cannot quantize these: random valid blocks
         from vkdflash.ref.quants import random_blocks
         return random_blocks(r, type_name.lower(), int(np.prod(np_shape[:-1])), np_shape[-1]), gt

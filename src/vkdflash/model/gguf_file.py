@@ -86,7 +86,7 @@ class GGUFFile:
                     raise VkdflashError(f"{self.path}: {self.file_size} bytes is too short for a GGUF file")
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as exc:
-            raise VkdflashError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+            raise VkdflashError(f"{self.path}: cannot read: {exc.strerror or exc}") from None
         try:
             self._parse()
         except VkdflashError as exc:
