@@ -251,6 +251,10 @@ def test_absurd_counts_and_lengths_fail_fast(models, tmp_path):
     data = bytearray(base)
     struct.pack_into("<Q", data, pos, 2**61)
     assert "array tokenizer.ggml.token_type (2305843009213693952 x INT32)" in failure(_write(tmp_path, data))
+    p = F.write_model(tmp_path / "u8.gguf", metadata={"x.bytes": ([1, 2, 3], VT.ARRAY, VT.UINT8)})
+    data = bytearray(p.read_bytes())  # gguf-py's GGUFReader loops forever on this one
+    struct.pack_into("<Q", data, _field_offset(data, "x.bytes") + 8, 2**40)
+    assert "array x.bytes (1099511627776 x UINT8)" in failure(_write(tmp_path, data))
     pos = _field_offset(base, "general.name") + 4
     data = bytearray(base)
     struct.pack_into("<Q", data, pos, 2**50)
@@ -279,3 +283,19 @@ def test_random_corruption_never_escapes(models, tmp_path):
         except VkdflashError as exc:
             assert "\n" not in str(exc)
         assert time.perf_counter() - t0 < 2, trial
+
+
+@pytest.mark.slow
+def test_smollm2_loads():
+    """The real model (docs/reference.md section 8): llama, 30 layers, d 576, 9/3 heads of 64, tied output."""
+    from vkdflash.model import default_model_path
+    with load_model(default_model_path(progress=False)) as m:
+        hp = m.hparams
+        assert (hp.arch, hp.n_layer, hp.n_embd, hp.n_ff, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_vocab) == \
+            ("llama", 30, 576, 1536, 9, 3, 64, 49152)
+        assert hp.tied_output and hp.rope_mode == "normal" and hp.rope_base == 100000.0
+        assert hp.n_ctx_train == 8192 and hp.rms_eps == pytest.approx(1e-5)
+        types = {t.type_name for t in m.gguf.tensors.values()}
+        assert types == {"Q4_1", "Q8_0", "F32"} and m.tensor("token_embd.weight").type_id == 8
+        assert m.output_name == "token_embd.weight"
+        assert "total 92.10 MiB" in m.describe()

@@ -162,7 +162,7 @@ class GGUFFile:
             raise VkdflashError(f"metadata {key!r}: arrays of {itype.name} are not supported")
         dtype = np.dtype(_SCALARS[itype])
         c.need(count * dtype.itemsize, f"array {key} ({count} x {itype.name})")
-        arr = np.frombuffer(self._mm, dtype, count, c.pos)
+        arr = np.frombuffer(self._mm, dtype, count, c.pos).copy()  # metadata must outlive the mapping
         c.pos += count * dtype.itemsize
         return arr, (vtype, itype)
 
@@ -182,6 +182,8 @@ class GGUFFile:
     def data(self, name: str) -> np.ndarray:
         """The raw bytes of a tensor: a read-only np.uint8 view of the mapping (no copy)."""
         t = self.tensors[name]
+        if self._mm is None:
+            raise VkdflashError(f"{self.path}: file already closed")
         return np.frombuffer(self._mm, np.uint8, t.nbytes, t.offset)
 
     def close(self) -> None:
