@@ -66,6 +66,17 @@ def devices(as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("path", type=click.Path(dir_okay=False))
+def inspect(path) -> None:
+    """Show a GGUF file's metadata and tensors, and whether vkdflash can run it."""
+    from .model import inspect_file
+    text, problem = inspect_file(path)
+    click.echo(text)
+    if problem:
+        raise VkdflashError(f"{path}: cannot run this model: {problem}")
+
+
+@main.command()
 @DEVICE_OPTION
 @click.option("--filter", "pattern", default=None, metavar="PATTERN",
               help="Run only cases whose name matches (substring or glob, e.g. 'mul_mat/q4_0*').")
