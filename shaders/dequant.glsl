@@ -10,7 +10,8 @@
 #define DQ_W(i) uint(DQ_BUF[base + (i)])
 #define DQ_B(off) ((DQ_W((off) >> 1) >> (((off) & 1u) << 3)) & 0xFFu)
 
-void DQ_FN(uint type, uint base, uint sub, out float v[32]) {
+// `precise`: no fma contraction, so values match gguf-py bit for bit on every device
+void DQ_FN(uint type, uint base, uint sub, out precise float v[32]) {
     switch (type) {
     case T_F32:
         [[unroll]] for (uint i = 0; i < 32; i++) v[i] = uintBitsToFloat(DQ_W(2 * i) | (DQ_W(2 * i + 1) << 16));

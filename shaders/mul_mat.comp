@@ -1,0 +1,245 @@
+#version 450
+// y[j, r] = sum_c W[r, c] * x[j, c]: ggml weight blocks (any weight type) times f32 activations.
+//
+// Batch invariance: each y[j, r] is summed in one fixed order that depends only on the row
+// (32-value chunks in column order, each chunk summed as a fixed tree), whatever n is, in
+// whichever activation slot and with whichever NJ or load path it is computed; `precise`
+// keeps the compiler from contracting some copies into fma and not others.
+// Shape: SPLIT lanes share a weight row (1: each lane walks its row alone, best on lavapipe),
+// each lane keeps NJ activation rows, so weights are read once per NJ activations.
+// lavapipe facts behind the load paths: a storage-buffer load costs a per-lane loop, so
+// 16-byte loads (WIDE) read ~2.5x faster than 4-byte ones, and loading an x chunk once per
+// subgroup and shuffling it (XBCAST) beats every lane loading the same x.
+#extension GL_KHR_shader_subgroup_shuffle : enable
+#include "common.glsl"
+#include "types.glsl"
+
+layout(constant_id = 1) const uint TYPE = 0u;    // ggml type id of W
+layout(constant_id = 2) const uint SPLIT = 1u;   // lanes per row: power of two <= subgroup size
+layout(constant_id = 3) const uint NJ = 1u;      // activation rows per invocation
+layout(constant_id = 4) const uint WIDE = 0u;    // 1: rows 16-byte aligned, whole groups of G blocks
+layout(constant_id = 5) const uint XBCAST = 0u;  // 1: subgroup size >= 8 and SPLIT == 1
+
+layout(binding = 0) readonly buffer W { uint w32[]; };
+layout(binding = 0) readonly buffer W4 { uvec4 w128[]; };
+layout(binding = 1) readonly buffer X { vec4 x4[]; };
+layout(binding = 2) writeonly buffer Y { float y[]; };
+layout(push_constant) uniform Push {
+    uint rows;      // weight rows in this piece
+    uint cols;
+    uint n;         // activation rows
+    uint row0;      // output feature of this piece's first row
+    uint y_stride;  // floats per output row
+} p;
+
+const bool PLAIN = TYPE == T_F32 || TYPE == T_F16 || TYPE == T_BF16;
+const uint QK = (TYPE == T_Q4_K || TYPE == T_Q6_K) ? 256u : 32u;
+// bytes per block (plain types: per 32-value chunk), as type_u16 in types.glsl
+const uint BB = TYPE == T_F32 ? 128u : (TYPE == T_F16 || TYPE == T_BF16) ? 64u : TYPE == T_Q8_0 ? 34u
+    : TYPE == T_Q4_0 ? 18u : TYPE == T_Q4_1 ? 20u : TYPE == T_Q5_0 ? 22u : TYPE == T_Q5_1 ? 24u
+    : TYPE == T_Q4_K ? 144u : 210u;
+// blocks per 16-byte-aligned group (WIDE): 16 / gcd(BB, 16); q6_k (8 x 210 bytes) has no WIDE path
+const uint G = WIDE == 0u ? 1u : (TYPE == T_Q8_0 || TYPE == T_Q4_0 || TYPE == T_Q5_0) ? 8u
+    : TYPE == T_Q4_1 ? 4u : TYPE == T_Q5_1 ? 2u : 1u;
+const uint NW = 72u;  // most 32-bit words held at once: 8 q8_0 blocks (272 bytes)
+
+// The loaded bytes as 32-bit words a[]. Blocks are only 2-byte aligned, so in the narrow path
+// window byte b holds block byte b - (odd ? 2 : 0). Offsets are compile-time constants after
+// unrolling, so only the odd/even choice is made at run time (a select, no dynamic index).
+uint a[NW];
+bool odd;
+uint fsh(uint lo, uint hi) { return (lo >> 16) | (hi << 16); }
+uint at32(uint b) {
+    uint k = b >> 2;
+    if ((b & 2u) == 0u) return odd ? fsh(a[k], a[k + 1u]) : a[k];
+    return odd ? a[k + 1u] : fsh(a[k], a[k + 1u]);
+}
+uint at16(uint b) {
+    uint k = b >> 2;
+    if ((b & 2u) == 0u) return odd ? a[k] >> 16 : a[k] & 0xFFFFu;
+    return odd ? a[k + 1u] & 0xFFFFu : a[k] >> 16;
+}
+uint at8(uint b) { return (at16(b & ~1u) >> ((b & 1u) * 8u)) & 0xFFu; }
+
+// narrow path: one block at any 2-byte-aligned offset, 4 bytes a load
+void load_block(uint off) {
+    uint base = off >> 2, last = (off + BB - 1u) >> 2;
+    odd = (off & 2u) != 0u;
+    [[unroll]] for (uint k = 0u; k < (BB + 5u) / 4u; k++) a[k] = w32[min(base + k, last)];
+}
+
+// wide path: G blocks starting 16-byte aligned, 16 bytes a load
+void load_group(uint off) {
+    odd = false;
+    [[unroll]] for (uint k = 0u; k < G * BB / 16u; k++) {
+        uvec4 v = w128[off / 16u + k];
+        a[4u * k] = v.x; a[4u * k + 1u] = v.y; a[4u * k + 2u] = v.z; a[4u * k + 3u] = v.w;
+    }
+}
+
+vec4 nib4(uint w, uint shift) {
+    return vec4(uvec4(w >> shift, w >> (shift + 8u), w >> (shift + 16u), w >> (shift + 24u)) & 15u);
+}
+vec4 i8x4(uint w) {
+    return vec4(ivec4(int(w << 24), int(w << 16), int(w << 8), int(w)) >> 24);
+}
+vec4 bit4(uint h, uint e) {  // bit e..e+3 of h, each as 16.0 or 0.0
+    return vec4(uvec4(h >> e, h >> (e + 1u), h >> (e + 2u), h >> (e + 3u)) & 1u) * 16.0;
+}
+
+// The 32 weights of chunk `sub` of the block at window byte `o`, dequantized as ggml does.
+void dequant_chunk(uint o, uint sub, out precise vec4 w[8]) {
+    switch (TYPE) {
+    case T_F32:
+        [[unroll]] for (uint k = 0u; k < 8u; k++)
+            w[k] = uintBitsToFloat(uvec4(a[o / 4u + 4u * k], a[o / 4u + 4u * k + 1u], a[o / 4u + 4u * k + 2u], a[o / 4u + 4u * k + 3u]));
+        break;
+    case T_F16:
+        [[unroll]] for (uint k = 0u; k < 8u; k++)
+            w[k] = vec4(unpackHalf2x16(a[o / 4u + 2u * k]), unpackHalf2x16(a[o / 4u + 2u * k + 1u]));
+        break;
+    case T_BF16:
+        [[unroll]] for (uint k = 0u; k < 8u; k++)
+            w[k] = uintBitsToFloat(uvec4(a[o / 4u + 2u * k] << 16, a[o / 4u + 2u * k] & 0xFFFF0000u,
+                                         a[o / 4u + 2u * k + 1u] << 16, a[o / 4u + 2u * k + 1u] & 0xFFFF0000u));
+        break;
+    case T_Q8_0: {
+        float d = f16_to_f32(at16(o + 0u));
+        [[unroll]] for (uint k = 0u; k < 8u; k++) w[k] = i8x4(at32(o + 2u + 4u * k)) * d;
+        break;
+    }
+    case T_Q4_0: case T_Q4_1: {
+        float d = f16_to_f32(at16(o + 0u));
+        float m = TYPE == T_Q4_1 ? f16_to_f32(at16(o + 2u)) : 0.0;
+        uint qs = TYPE == T_Q4_1 ? 4u : 2u;
+        [[unroll]] for (uint k = 0u; k < 4u; k++) {
+            uint q = at32(o + qs + 4u * k);
+            if (TYPE == T_Q4_1) {
+                w[k] = nib4(q, 0u) * d + m; w[k + 4u] = nib4(q, 4u) * d + m;
+            } else {
+                w[k] = (nib4(q, 0u) - 8.0) * d; w[k + 4u] = (nib4(q, 4u) - 8.0) * d;
+            }
+        }
+        break;
+    }
+    case T_Q5_0: case T_Q5_1: {
+        bool q51 = TYPE == T_Q5_1;
+        float d = f16_to_f32(at16(o + 0u));
+        float m = q51 ? f16_to_f32(at16(o + 2u)) : 0.0;
+        uint h = q51 ? 4u : 2u;
+        uint qh = at32(o + h);
+        [[unroll]] for (uint k = 0u; k < 4u; k++) {
+            uint q = at32(o + h + 4u + 4u * k);
+            vec4 lo = nib4(q, 0u) + bit4(qh, 4u * k), hi = nib4(q, 4u) + bit4(qh, 16u + 4u * k);
+            if (q51) {
+                w[k] = lo * d + m; w[k + 4u] = hi * d + m;
+            } else {
+                w[k] = (lo - 16.0) * d; w[k + 4u] = (hi - 16.0) * d;
+            }
+        }
+        break;
+    }
+    case T_Q4_K: {
+        float d = f16_to_f32(at16(o + 0u)), dmin = f16_to_f32(at16(o + 2u));
+        uint sc, mn;
+        if (sub < 4u) {
+            sc = at8(o + 4u + sub) & 63u; mn = at8(o + 8u + sub) & 63u;
+        } else {
+            sc = (at8(o + 8u + sub) & 15u) | ((at8(o + sub) >> 6) << 4);
+            mn = (at8(o + 8u + sub) >> 4) | ((at8(o + 4u + sub) >> 6) << 4);
+        }
+        float dl = d * float(sc), ml = dmin * float(mn);
+        uint q0 = 16u + 32u * (sub >> 1), shift = (sub & 1u) * 4u;
+        [[unroll]] for (uint k = 0u; k < 8u; k++) w[k] = dl * nib4(at32(o + q0 + 4u * k), shift) - ml;
+        break;
+    }
+    case T_Q6_K: {
+        float d = f16_to_f32(at16(o + 208u));
+        uint half_ = sub >> 2, r = sub & 3u;
+        uint ql0 = 64u * half_ + (r & 1u) * 32u, qls = (r >> 1) * 4u;
+        uint qh0 = 128u + 32u * half_, qhs = 2u * r;
+        float s0 = d * float(int(at8(o + 192u + 2u * sub) << 24) >> 24);
+        float s1 = d * float(int(at8(o + 193u + 2u * sub) << 24) >> 24);
+        [[unroll]] for (uint k = 0u; k < 8u; k++) {
+            uint l = at32(o + ql0 + 4u * k), h = at32(o + qh0 + 4u * k);
+            vec4 q = nib4(l, qls) + 16.0 * vec4(uvec4(h >> qhs, h >> (qhs + 8u), h >> (qhs + 16u),
+                                                      h >> (qhs + 24u)) & 3u);
+            w[k] = (k < 4u ? s0 : s1) * (q - 32.0);
+        }
+        break;
+    }
+    }
+}
+
+// The chunk's dot product as a fixed tree (same in every slot, for every n).
+float chunk_dot(vec4 w[8], vec4 x[8]) {
+    precise float t[8];
+    [[unroll]] for (uint k = 0u; k < 8u; k++)
+        t[k] = (w[k].x * x[k].x + w[k].y * x[k].y) + (w[k].z * x[k].z + w[k].w * x[k].w);
+    precise float s = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+    return s;
+}
+
+// 32 activations starting at vec4 index `base`
+void load_x(uint base, out vec4 xs[8]) {
+    if (XBCAST != 0u) {
+        vec4 mine = x4[base + (gl_SubgroupInvocationID & 7u)];
+        [[unroll]] for (uint k = 0u; k < 8u; k++) xs[k] = subgroupShuffle(mine, k);
+    } else {
+        [[unroll]] for (uint k = 0u; k < 8u; k++) xs[k] = x4[base + k];
+    }
+}
+
+// acc[jj] += (chunk `sub` of the block at window byte o) . (activations xj[jj] + xb ...)
+void chunk(uint o, uint sub, uint xb, uint xj[NJ], inout precise float acc[NJ]) {
+    vec4 w[8];
+    dequant_chunk(o, sub, w);
+    [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
+        vec4 xs[8];
+        load_x(xj[jj] + xb, xs);
+        acc[jj] = acc[jj] + chunk_dot(w, xs);
+    }
+}
+
+void main() {
+    const uint RPG = gl_WorkGroupSize.x / SPLIT;  // rows per workgroup
+    uint lane = gl_LocalInvocationID.x, part = lane % SPLIT;
+    uint r = gl_WorkGroupID.x * RPG + lane / SPLIT;
+    uint nblk = p.cols / QK, xrow = p.cols / 4u;
+    uint row_off = min(r, p.rows - 1u) * nblk * BB;  // dead lanes read a real row, store nothing
+    // activation rows past n repeat row n-1: computed, never stored (no branches: every lane
+    // must reach the shuffles, and SIMD CPUs would run a skipped branch anyway)
+    uint xj[NJ];
+    [[unroll]] for (uint jj = 0u; jj < NJ; jj++) xj[jj] = min(gl_WorkGroupID.y * NJ + jj, p.n - 1u) * xrow;
+
+    precise float acc[NJ];
+    [[unroll]] for (uint jj = 0u; jj < NJ; jj++) acc[jj] = 0.0;
+
+    for (uint g = part; g < nblk / G; g += SPLIT) {
+        if (WIDE != 0u) {
+            load_group(row_off + g * G * BB);
+        } else if (PLAIN) {
+            uint base = (row_off + g * BB) >> 2;  // plain rows are 4-byte aligned
+            [[unroll]] for (uint k = 0u; k < BB / 4u; k++) a[k] = w32[base + k];
+        } else {
+            load_block(row_off + g * BB);
+        }
+        if (QK == 32u) {
+            [[unroll]] for (uint i = 0u; i < G; i++) chunk(i * BB, 0u, (g * G + i) * 8u, xj, acc);
+        } else {
+            // k-quants: a rolled loop over the 8 chunks (unrolled, LLVM takes ~30 s on it)
+            [[dont_unroll]] for (uint sub = 0u; sub < 8u; sub++) chunk(0u, sub, (g * 256u + sub * 32u) / 4u, xj, acc);
+        }
+    }
+    if (SPLIT > 1u) {
+        // butterfly: a + b == b + a bitwise, so every lane of the group ends with the same sum
+        [[unroll]] for (uint jj = 0u; jj < NJ; jj++)
+            for (uint m = 1u; m < SPLIT; m <<= 1) acc[jj] = acc[jj] + subgroupShuffleXor(acc[jj], m);
+    }
+    if (part == 0u && r < p.rows) {
+        [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
+            uint j = gl_WorkGroupID.y * NJ + jj;
+            if (j < p.n) y[j * p.y_stride + p.row0 + r] = acc[jj];
+        }
+    }
+}

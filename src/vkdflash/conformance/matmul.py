@@ -1,0 +1,42 @@
+"""Quantized matmul against gguf-py dequantization times x in float64.
+
+Shapes cover both load paths of mul_mat.comp: rows of whole 16-byte groups (wide) and rows
+only 2-byte aligned (narrow: 3 blocks of 18/22/34 bytes), n = 1 (its own NJ), 7 (a partly
+filled activation slot set) and 64, and a cols=4096 matvec."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import NMSE_MATMUL, Case, Output, rng, uniform
+from ..kernels.matmul import matmul
+from ..kernels.types import WEIGHT_TYPES, get_type
+from ..kernels.weights import Weight
+from ..ref import quants as ref
+from ..runtime.graph import Graph
+
+
+def _case(tname: str, rows: int, cols: int, n: int, slow: bool = False) -> Case:
+    def run(ctx):
+        r = rng("matmul", tname, rows, cols, n)
+        raw = ref.random_blocks(r, tname, rows, cols)
+        x = uniform(r, n, cols)
+        w = Weight(ctx, tname, rows, cols, raw)
+        xb, out = ctx.upload(x), Output(ctx, n * rows * 4)
+        g = Graph(ctx)
+        matmul(g, w, xb, out.view, n)
+        g.run()
+        got = out.read(np.float32).reshape(n, rows)
+        g.destroy(), w.destroy(), xb.destroy(), out.destroy()
+        return got, ref.matmul(x, ref.dequantize(raw, tname, cols))
+    return Case(f"matmul/{tname}/rows={rows},cols={cols},n={n}", run, threshold=NMSE_MATMUL, slow=slow)
+
+
+def cases():
+    out = []
+    for tname in WEIGHT_TYPES:
+        k = get_type(tname).qk > 32
+        narrow = 768 if k else 96  # 3 blocks a row: odd blocks start 2 bytes off a 4-byte boundary
+        out += [_case(tname, 37, narrow, 1), _case(tname, 45, 512, 7), _case(tname, 19, narrow, 64),
+                _case(tname, 64, 4096, 1)]
+        out.append(_case(tname, 512, 4096, 64, slow=True))
+    return out

@@ -1,0 +1,109 @@
+"""Quantized matrix multiply: y[n, rows] = x[n, cols] @ W^T, f32 activations and output.
+
+Every result y[i, r] is bit-identical for any n (shaders/mul_mat.comp explains the order),
+so a verify pass over n tokens reproduces n single-token decodes exactly."""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import VkdflashError
+from ..runtime.memory import as_view
+from .weights import Weight
+
+
+# blocks per 16-byte-aligned group for the wide (16 bytes a load) path; q6_k has none
+WIDE_GROUP = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 8, "q4_0": 8, "q5_0": 8, "q4_1": 4, "q5_1": 2,
+              "q4_k": 1}
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    workgroup: int  # lanes per workgroup (spec constant 0)
+    split: int      # lanes sharing one weight row (power of two <= subgroup size)
+    nj: int         # most activation rows per invocation (n = 1 always uses 1)
+    xbcast: bool    # lanes load different parts of an x chunk and shuffle (subgroup >= 8, split 1)
+
+    @property
+    def rows_per_group(self) -> int:
+        return self.workgroup // self.split
+
+
+def config_for(features) -> MatmulConfig:
+    """The kernel shape for a device: the one hook to tune per vendor.
+
+    CPU (lavapipe): each lane walks one weight row alone, 8 lanes (one SIMD vector) per
+    workgroup, activations loaded once per subgroup and shuffled; no cross-lane reduction
+    (barriers and shared memory are slow there). Measured in mul_mat.comp's header.
+    GPUs: a subgroup-wide split of each row keeps weight loads coalesced (not yet measured)."""
+    sg = max(1, int(features.subgroup_size))
+    if features.device_type == "cpu":
+        return MatmulConfig(workgroup=sg, split=1, nj=8, xbcast=sg >= 8)
+    split = min(sg, 32)
+    return MatmulConfig(workgroup=max(64, split), split=split, nj=8, xbcast=False)
+
+
+def wide_ok(weight: Weight) -> bool:
+    """Rows start 16-byte aligned and hold whole groups: read the weights 16 bytes a load."""
+    group = WIDE_GROUP.get(weight.ttype.name)
+    nblk = weight.cols // weight.ttype.qk if weight.ttype.quantized else weight.cols // 32
+    return group is not None and weight.row_bytes % 16 == 0 and nblk % group == 0
+
+
+def nj_for(n: int, cfg: MatmulConfig) -> int:
+    """Activation rows per invocation. Results do not depend on it (batch invariance), but
+    lavapipe runs the unused slots of a masked SIMD lane anyway, so n = 1 gets its own."""
+    return 1 if n == 1 else min(cfg.nj, 1 << (n - 1).bit_length())
+
+
+def _check_view(view, nbytes: int, what: str):
+    view = as_view(view)
+    if view.size < nbytes:
+        raise VkdflashError(f"matmul: {what} holds {view.size} bytes, needs {nbytes}")
+    return view
+
+
+def matmul(graph, weight: Weight, x_view, y_view, n: int, config: MatmulConfig | None = None) -> None:
+    """Record y[n, weight.rows] = x[n, weight.cols] @ W^T (row-major f32 views) into `graph`."""
+    n = int(n)
+    if n < 1:
+        raise VkdflashError(f"matmul: n must be >= 1, got {n}")
+    if not weight.pieces:
+        raise VkdflashError(f"matmul: {weight.name} was destroyed")
+    cfg = config or config_for(graph.ctx.features)
+    x = _check_view(x_view, n * weight.cols * 4, f"x ({n}x{weight.cols} f32)")
+    y = _check_view(y_view, n * weight.rows * 4, f"y ({n}x{weight.rows} f32)")
+    if x.offset % 16:
+        raise VkdflashError(f"matmul: x view offset {x.offset} is not 16-byte aligned")
+    nj = nj_for(n, cfg)
+    groups_y = -(-n // nj)
+    if groups_y > 65535:
+        raise VkdflashError(f"matmul: n={n} needs more than 65535 workgroups; split the batch")
+    spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, int(wide_ok(weight)), int(cfg.xbcast))
+    pipe = graph.ctx.pipeline("mul_mat", 3, 20, spec)
+    for i, piece in enumerate(weight.pieces):
+        push = struct.pack("<5I", piece.rows, weight.cols, n, piece.first_row, weight.rows)
+        # pieces write disjoint rows of y: only the first waits for earlier work
+        graph.dispatch(pipe, [piece.view, x, y], (-(-piece.rows // cfg.rows_per_group), groups_y), push,
+                       barrier=i == 0, label=f"mul_mat/{weight.ttype.name}")
+
+
+def matvec_gbps(ctx, type_name: str, rows: int = 4096, cols: int = 4096, reps: int = 5,
+                config: MatmulConfig | None = None) -> dict:
+    """Weight bytes read per second by an n=1 matmul (best GPU time over `reps` replays)."""
+    from ..bench import gpu_seconds
+    from ..ref.quants import random_blocks
+    from ..runtime.graph import Graph
+
+    r = np.random.default_rng(0)
+    w = Weight(ctx, type_name, rows, cols, random_blocks(r, type_name, rows, cols))
+    x = ctx.upload(r.uniform(-1, 1, cols).astype(np.float32))
+    y = ctx.buffer(rows * 4)
+    g = Graph(ctx, timestamps=True)
+    matmul(g, w, x, y, 1, config)
+    seconds = gpu_seconds(g, reps)
+    g.destroy(), w.destroy(), x.destroy(), y.destroy()
+    return {"gbps": w.nbytes / seconds / 1e9, "seconds": seconds, "bytes": w.nbytes,
+            "rows": rows, "cols": cols, "type": type_name}

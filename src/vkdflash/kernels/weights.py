@@ -1,0 +1,74 @@
+"""Weight tensors on the device, in ggml's raw block layout (exactly the bytes of the GGUF file).
+
+A tensor larger than the device's storage-buffer range (128 MiB on lavapipe) is bound in row
+pieces; kernels dispatch once per piece with the piece's view and its first row."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import VkdflashError
+from ..ref import quants as ref_quants
+from ..runtime.memory import View, pieces
+from .types import WEIGHT_TYPES, TensorType, get_type
+
+
+@dataclass(frozen=True)
+class Piece:
+    first_row: int
+    rows: int
+    view: View
+
+
+class Weight:
+    """ttype: TensorType; rows: output features (ggml ne[1]); cols: input features (ggml ne[0])."""
+
+    def __init__(self, ctx, ttype, rows: int, cols: int, data: np.ndarray, name: str = "weight"):
+        t = ttype if isinstance(ttype, TensorType) else get_type(ttype)
+        if t.name not in WEIGHT_TYPES:
+            raise VkdflashError(f"{name}: {t.name} is not a weight type; supported: {', '.join(WEIGHT_TYPES)}")
+        rows, cols = int(rows), int(cols)
+        if rows <= 0 or cols <= 0:
+            raise VkdflashError(f"{name}: shape ({rows}, {cols}) must be positive")
+        if cols % 32 or cols % t.qk:
+            raise VkdflashError(f"{name}: {t.name} needs cols to be a multiple of {max(32, t.qk)}, got {cols}")
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        self.ctx, self.ttype, self.rows, self.cols, self.name = ctx, t, rows, cols, name
+        self.row_bytes = t.row_bytes(cols)
+        self.nbytes = rows * self.row_bytes
+        if raw.nbytes != self.nbytes:
+            raise VkdflashError(f"{name}: {raw.nbytes} bytes given, a {t.name} tensor of "
+                                f"{rows}x{cols} needs {self.nbytes}")
+        # 16 bytes of padding: kernels read whole 32-bit words, which may run past a
+        # 2-byte-aligned block end; every view is rounded up to a multiple of 4
+        self.buffer = ctx.buffer(self.nbytes + 16)
+        self.buffer.write(raw)
+        self.buffer.write(np.zeros(16, np.uint8), self.nbytes)
+        limit = ctx.features.max_storage_buffer_range
+        self.pieces = [Piece(r, n, self.buffer.view(r * self.row_bytes, min(-(-n * self.row_bytes // 4) * 4,
+                                                                              limit)))
+                       for r, n in pieces(ctx, rows, self.row_bytes)]
+
+    @classmethod
+    def from_float(cls, ctx, array: np.ndarray, ttype, name: str = "weight") -> "Weight":
+        """Quantize a float (rows, cols) array with gguf-py (f32/f16/bf16 stored directly)."""
+        array = np.asarray(array, np.float32)
+        if array.ndim != 2:
+            raise VkdflashError(f"{name}: expected a 2-D array, got shape {array.shape}")
+        t = ttype if isinstance(ttype, TensorType) else get_type(ttype)
+        if t.name in WEIGHT_TYPES and array.shape[1] % max(32, t.qk):
+            raise VkdflashError(f"{name}: {t.name} needs cols to be a multiple of {max(32, t.qk)}, "
+                                f"got {array.shape[1]}")
+        return cls(ctx, t, array.shape[0], array.shape[1], ref_quants.quantize(array, t), name)
+
+    def dequantize(self) -> np.ndarray:
+        """The values the kernels compute with, as float32 (rows, cols) (reads the device copy)."""
+        return ref_quants.dequantize(self.buffer.read(np.uint8, self.nbytes), self.ttype, self.cols)
+
+    def __repr__(self) -> str:
+        return f"Weight({self.name}, {self.ttype.name}, {self.rows}x{self.cols}, {len(self.pieces)} piece(s))"
+
+    def destroy(self) -> None:
+        self.buffer.destroy()
+        self.pieces = []

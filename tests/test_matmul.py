@@ -1,0 +1,167 @@
+"""mul_mat and get_rows: batch invariance (bitwise), the row-pieces path, and input checks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vkdflash.errors import VkdflashError
+from vkdflash.kernels.embed import get_rows
+from vkdflash.kernels.matmul import MatmulConfig, config_for, matmul, wide_ok
+from vkdflash.kernels.types import WEIGHT_TYPES, get_type
+from vkdflash.kernels.weights import Weight
+from vkdflash.ref import quants as ref
+from vkdflash.runtime.graph import Graph
+
+NMAX = 64
+
+
+def _batch_outputs(ctx, w: Weight, x: np.ndarray, config=None) -> tuple[np.ndarray, list[np.ndarray]]:
+    """y of each x row alone (n=1), and y of x[:n] for every n = 1..NMAX, all in one replay."""
+    rows, cols = w.rows, w.cols
+    xb = ctx.upload(x)
+    single = ctx.buffer(NMAX * rows * 4)
+    batched = [ctx.buffer(n * rows * 4) for n in range(1, NMAX + 1)]
+    g = Graph(ctx)
+    for i in range(NMAX):
+        matmul(g, w, xb.view(i * cols * 4, cols * 4), single.view(i * rows * 4, rows * 4), 1, config)
+    for n, yb in enumerate(batched, 1):
+        matmul(g, w, xb, yb, n, config)
+    g.run()
+    got1 = single.read(np.float32).reshape(NMAX, rows)
+    got = [yb.read(np.float32).reshape(-1, rows) for yb in batched]
+    g.destroy(), xb.destroy(), single.destroy()
+    for yb in batched:
+        yb.destroy()
+    return got1, got
+
+
+def _assert_invariant(got1, got):
+    for n, y in enumerate(got, 1):
+        diff = np.flatnonzero((y.view(np.uint32) != got1[:n].view(np.uint32)).any(axis=1))
+        assert diff.size == 0, f"n={n}: rows {diff.tolist()} differ bitwise from their n=1 results"
+
+
+@pytest.mark.parametrize("tname", WEIGHT_TYPES)
+@pytest.mark.parametrize("shape", ["wide", "narrow"])
+def test_batch_invariance(ctx, tname, shape):
+    """y[i] is bit-identical for every n = 1..64, and equal to a matvec of row i alone."""
+    k = get_type(tname).qk > 32
+    cols = (512 if k else 256) if shape == "wide" else (768 if k else 96)
+    rows = 12  # 12 rows x 4 bytes: y views of single rows stay 16-byte aligned
+    r = np.random.default_rng(7)
+    raw = ref.random_blocks(r, tname, rows, cols)
+    w = Weight(ctx, tname, rows, cols, raw)
+    if shape == "wide" and tname != "q6_k":
+        assert wide_ok(w)
+    if shape == "narrow" and get_type(tname).quantized and tname != "q4_k":
+        assert not wide_ok(w)
+    x = r.uniform(-1, 1, (NMAX, cols)).astype(np.float32)
+    got1, got = _batch_outputs(ctx, w, x)
+    w.destroy()
+    _assert_invariant(got1, got)
+    want = ref.matmul(x, ref.dequantize(raw, tname, cols))
+    assert np.sum((got1 - want) ** 2) / np.sum(want ** 2) < 5e-4
+
+
+@pytest.mark.parametrize("config", [MatmulConfig(8, 1, 8, False), MatmulConfig(16, 4, 4, False),
+                                    MatmulConfig(8, 8, 8, False)], ids=["split1", "split4", "split8"])
+@pytest.mark.parametrize("tname", ["q4_0", "q4_k", "f16"])
+def test_other_shapes_invariant(ctx, config, tname):
+    """The GPU shapes (lanes splitting a row, no activation shuffle) are correct and invariant too."""
+    if config.split > ctx.features.subgroup_size or config.workgroup % ctx.features.subgroup_size:
+        pytest.skip("shape needs a larger subgroup")
+    cols = 256 if tname == "q4_k" else 96  # small unrolled bodies: these shapes compile slowly on lavapipe
+    r = np.random.default_rng(8)
+    raw = ref.random_blocks(r, tname, 12, cols)
+    w = Weight(ctx, tname, 12, cols, raw)
+    x = r.uniform(-1, 1, (NMAX, cols)).astype(np.float32)
+    got1, got = _batch_outputs(ctx, w, x, config)
+    w.destroy()
+    _assert_invariant(got1, got)
+    want = ref.matmul(x, ref.dequantize(raw, tname, cols))
+    assert np.sum((got1 - want) ** 2) / np.sum(want ** 2) < 5e-4
+
+
+def test_default_config(ctx):
+    cfg = config_for(ctx.features)
+    assert cfg.workgroup % cfg.split == 0 and cfg.split <= ctx.features.subgroup_size
+
+
+def _check_pieces(ctx, w: Weight, raw: np.ndarray, n: int):
+    r = np.random.default_rng(9)
+    x = r.uniform(-1, 1, (n, w.cols)).astype(np.float32)
+    ids = r.integers(0, w.rows, n).astype(np.uint32)
+    ids[0], ids[-1] = 0, w.rows - 1
+    xb, yb, ib, eb = ctx.upload(x), ctx.buffer(n * w.rows * 4), ctx.upload(ids), ctx.buffer(n * w.cols * 4)
+    g = Graph(ctx)
+    matmul(g, w, xb, yb, n)
+    get_rows(g, w, ib, eb, n)
+    g.run()
+    y, e = yb.read(np.float32).reshape(n, w.rows), eb.read(np.float32).reshape(n, w.cols)
+    g.destroy(), xb.destroy(), yb.destroy(), ib.destroy(), eb.destroy()
+    deq = ref.dequantize(raw, w.ttype, w.cols)
+    want = ref.matmul(x, deq)
+    assert np.sum((y - want) ** 2) / np.sum(want ** 2) < 5e-4
+    assert np.array_equal(e.view(np.uint32), deq[ids].view(np.uint32))
+
+
+@pytest.mark.parametrize("tname", ["q4_0", "q6_k", "f16"])
+def test_pieces_small_limit(ctx, tname, monkeypatch):
+    """Row pieces, exercised cheaply by pretending the device binds only 4 KiB at once."""
+    monkeypatch.setattr(ctx.features, "max_storage_buffer_range", 4096)
+    rows, cols = 50, 512
+    raw = ref.random_blocks(np.random.default_rng(3), tname, rows, cols)
+    w = Weight(ctx, tname, rows, cols, raw)
+    assert len(w.pieces) > 3
+    assert all(p.view.size <= 4096 for p in w.pieces)
+    _check_pieces(ctx, w, raw, 5)
+    w.destroy()
+
+
+@pytest.mark.slow
+def test_pieces_beyond_storage_range(ctx):
+    """An f32 weight larger than maxStorageBufferRange runs through the pieces path."""
+    cols = 4096
+    rows = ctx.features.max_storage_buffer_range // (cols * 4) + 64
+    raw = np.random.default_rng(4).uniform(-1, 1, (rows, cols)).astype(np.float32)
+    w = Weight(ctx, "f32", rows, cols, raw)
+    assert w.nbytes > ctx.features.max_storage_buffer_range and len(w.pieces) >= 2
+    _check_pieces(ctx, w, raw, 3)
+    w.destroy()
+
+
+def test_bad_inputs(ctx):
+    w = Weight.from_float(ctx, np.zeros((8, 64), np.float32), "q8_0")
+    x, y = ctx.buffer(4 * 64 * 2), ctx.buffer(4 * 8 * 2)
+    g = Graph(ctx)
+    with pytest.raises(VkdflashError, match="n must be"):
+        matmul(g, w, x, y, 0)
+    with pytest.raises(VkdflashError, match="x .* needs"):
+        matmul(g, w, x, y, 3)
+    with pytest.raises(VkdflashError, match="y .* needs"):
+        matmul(g, w, x, y.view(0, 16), 2)
+    with pytest.raises(VkdflashError, match="aligned"):
+        matmul(g, w, x.view(4, 4 * 64), y, 1)
+    with pytest.raises(VkdflashError, match="ids view"):
+        get_rows(g, w, ctx.buffer(4), ctx.buffer(4 * 64 * 2), 2)
+    with pytest.raises(VkdflashError, match="out view"):
+        get_rows(g, w, ctx.buffer(8), ctx.buffer(4 * 64), 2)
+    w.destroy()
+    with pytest.raises(VkdflashError, match="destroyed"):
+        matmul(g, w, x, y, 1)
+    assert len(g) == 0
+    g.destroy(), x.destroy(), y.destroy()
+
+
+def test_bad_id_gives_nan(ctx):
+    w = Weight.from_float(ctx, np.ones((4, 32), np.float32), "f16")
+    ids, out = ctx.upload(np.array([1, 4, 7], np.uint32)), ctx.buffer(3 * 32 * 4)
+    g = Graph(ctx)
+    get_rows(g, w, ids, out, 3)
+    g.run()
+    got = out.read(np.float32).reshape(3, 32)
+    assert (got[0] == 1).all() and np.isnan(got[1:]).all()
+    ids.write(np.array([3, 0, 2], np.uint32))  # ids are rewritable between replays
+    g.run()
+    assert (out.read(np.float32) == 1).all()
+    g.destroy(), w.destroy(), ids.destroy(), out.destroy()
