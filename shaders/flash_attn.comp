@@ -1,18 +1,22 @@
 #version 450
 // Fused attention (flash-style online softmax) reading a ggml-layout KV cache of any cache type.
 //
-// One workgroup of LANES invocations per (query, head). Lane j walks the cache positions
-// j, j+LANES, j+2*LANES, ... below the query's visible length, one position at a time, keeping
-// its own running max, running sum and weighted sum of V rows (f32). At the end the lanes merge
-// their states in fixed lane order (one barrier, no tree). The walk and the merge depend only
-// on the visible length, never on n_q, so a query's output has the same bits however the
-// queries are batched or chunked (batch invariance).
+// A workgroup of LANES invocations handles R = QT x G (query, head) rows: QT consecutive
+// queries times G heads that share one kv head, so each K/V row fetched and dequantized serves
+// all R rows. Lane j walks the cache positions j, j+LANES, j+2*LANES, ... one at a time, keeping
+// per row a running max, running sum and weighted sum of V rows (f32); a row skips positions it
+// may not see. At the end the lanes merge their states in fixed lane order (one barrier, no
+// tree). A row's operations depend only on its own visible length, never on n_q, QT or G, so
+// its output has the same bits however the queries are batched or chunked (batch invariance).
 #include "common.glsl"
 #include "types.glsl"
 
 layout(constant_id = 1) const uint HD = 128;     // head_dim, a multiple of 32
 layout(constant_id = 2) const uint K_TYPE = 1u;  // ggml type id of the K cache
 layout(constant_id = 3) const uint V_TYPE = 1u;  // ggml type id of the V cache
+layout(constant_id = 4) const uint G = 1u;       // heads per workgroup, all on one kv head
+layout(constant_id = 5) const uint QT = 1u;      // queries per workgroup
+const uint R = QT * G;                           // rows per workgroup: row r = (query r / G, head r % G)
 
 layout(binding = 0) readonly buffer Q { vec4 q_in[]; };        // [n_q, n_head, HD]
 // Cache rows are only 2-byte aligned, but lavapipe gathers every load lane by lane, so whole
@@ -72,71 +76,104 @@ DEFINE_FETCH(fetch_v, v_cache, v_row)
 #include "dequant.glsl"
 const float NO_SCORE = -3.0e38;  // finite "minus infinity": exp2(NO_SCORE - s) is exactly 0
 
-shared float sh_m[gl_WorkGroupSize.x];
-shared float sh_l[gl_WorkGroupSize.x];
-shared vec4 sh_acc[HD / 4u * gl_WorkGroupSize.x];
+shared float sh_m[R * gl_WorkGroupSize.x];
+shared float sh_l[R * gl_WorkGroupSize.x];
+shared vec4 sh_acc[R * HD / 4u * gl_WorkGroupSize.x];
 
 void main() {
-    const uint LANES = gl_WorkGroupSize.x;
-    const uint lane = gl_LocalInvocationID.x, h = gl_WorkGroupID.x, qi = gl_WorkGroupID.y;
-    const uint vis = min(p.block_mask != 0u ? first_pos + p.n_q : first_pos + qi + 1u, p.n_ctx);
-    const uint kv_head = h / p.gqa;
+    const uint LANES = gl_WorkGroupSize.x, lane = gl_LocalInvocationID.x;
+    const uint h0 = gl_WorkGroupID.x * G, q0 = gl_WorkGroupID.y * QT;
+    const uint kv_head = h0 / p.gqa;
     const uint k_blk = type_u16(K_TYPE), v_blk = type_u16(V_TYPE);
     const uint k_off = kv_head * NB * k_blk, v_off = kv_head * NB * v_blk;
-    const uint q_off = (qi * p.n_head + h) * (HD / 4u);  // in vec4s
+
+    uint vis[QT];  // visible cache length per query (0: past n_q)
+    uint vis_max = 0u;
+    [[unroll]] for (uint t = 0; t < QT; t++) {
+        const uint qi = q0 + t;
+        vis[t] = qi < p.n_q ? min(p.block_mask != 0u ? first_pos + p.n_q : first_pos + qi + 1u, p.n_ctx) : 0u;
+        vis_max = max(vis_max, vis[t]);
+    }
 
     // scores in log2 units, so the softmax uses exp2
     const float qscale = p.scale * 1.4426950408889634;
-    float q[HD];
-    [[unroll]] for (uint d = 0; d < HD; d += 4) {
-        vec4 x = q_in[q_off + d / 4u] * qscale;
-        q[d] = x.x; q[d + 1] = x.y; q[d + 2] = x.z; q[d + 3] = x.w;
+    float q[R * HD];
+    [[unroll]] for (uint r = 0; r < R; r++) {
+        const uint qi = min(q0 + r / G, p.n_q - 1u);  // rows past n_q load a real query, never used
+        const uint q_off = (qi * p.n_head + h0 + r % G) * (HD / 4u);
+        [[unroll]] for (uint d = 0; d < HD; d += 4) {
+            vec4 x = q_in[q_off + d / 4u] * qscale;
+            q[r * HD + d] = x.x; q[r * HD + d + 1] = x.y; q[r * HD + d + 2] = x.z; q[r * HD + d + 3] = x.w;
+        }
     }
 
-    float acc[HD];
-    [[unroll]] for (uint d = 0; d < HD; d++) acc[d] = 0.0;
-    float m = NO_SCORE, l = 0.0;
+    float acc[R * HD];
+    [[unroll]] for (uint d = 0; d < R * HD; d++) acc[d] = 0.0;
+    float m[R], l[R], w[R];
+    [[unroll]] for (uint r = 0; r < R; r++) { m[r] = NO_SCORE; l[r] = 0.0; }
     float blk[32];
 
-    for (uint pos = lane; pos < vis; pos += LANES) {
+    for (uint pos = lane; pos < vis_max; pos += LANES) {
         fetch_k(pos * p.k_row + k_off, NB * k_blk);
-        vec4 s4 = vec4(0.0);  // four partial sums: shorter dependency chains
+        vec4 s4[R];  // four partial sums per row: shorter dependency chains
+        [[unroll]] for (uint r = 0; r < R; r++) s4[r] = vec4(0.0);
         [[unroll]] for (uint b = 0; b < NB; b++) {
             dequant_k(K_TYPE, b * k_blk, 0u, blk);
-            [[unroll]] for (uint i = 0; i < 32; i += 4)
-                s4 = fma(vec4(q[32 * b + i], q[32 * b + i + 1], q[32 * b + i + 2], q[32 * b + i + 3]),
-                         vec4(blk[i], blk[i + 1], blk[i + 2], blk[i + 3]), s4);
+            [[unroll]] for (uint r = 0; r < R; r++) {
+                const uint o = r * HD + 32 * b;
+                [[unroll]] for (uint i = 0; i < 32; i += 4)
+                    s4[r] = fma(vec4(q[o + i], q[o + i + 1], q[o + i + 2], q[o + i + 3]),
+                                vec4(blk[i], blk[i + 1], blk[i + 2], blk[i + 3]), s4[r]);
+            }
         }
-        const float s = (s4.x + s4.y) + (s4.z + s4.w);
-        if (s > m) {  // new running max: rescale what was accumulated so far
-            float r = exp2(m - s);
-            l *= r;
-            [[unroll]] for (uint d = 0; d < HD; d++) acc[d] *= r;
-            m = s;
+        [[unroll]] for (uint r = 0; r < R; r++) {
+            if (QT == 1u || pos < vis[r / G]) {
+                const float s = (s4[r].x + s4[r].y) + (s4[r].z + s4[r].w);
+                if (s > m[r]) {  // new running max: rescale what was accumulated so far
+                    const float c = exp2(m[r] - s);
+                    l[r] *= c;
+                    [[unroll]] for (uint d = 0; d < HD; d++) acc[r * HD + d] *= c;
+                    m[r] = s;
+                }
+                w[r] = exp2(s - m[r]);
+                l[r] += w[r];
+            }
         }
-        float w = exp2(s - m);
-        l += w;
         fetch_v(pos * p.v_row + v_off, NB * v_blk);
         [[unroll]] for (uint b = 0; b < NB; b++) {
             dequant_v(V_TYPE, b * v_blk, 0u, blk);
-            [[unroll]] for (uint i = 0; i < 32; i++) acc[32 * b + i] = fma(w, blk[i], acc[32 * b + i]);
+            [[unroll]] for (uint r = 0; r < R; r++) {
+                if (QT == 1u || pos < vis[r / G]) {
+                    const uint o = r * HD + 32 * b;
+                    [[unroll]] for (uint i = 0; i < 32; i++) acc[o + i] = fma(w[r], blk[i], acc[o + i]);
+                }
+            }
         }
     }
 
-    sh_m[lane] = m;
-    sh_l[lane] = l;
-    [[unroll]] for (uint d = 0; d < HD; d += 4)
-        sh_acc[d / 4u * LANES + lane] = vec4(acc[d], acc[d + 1], acc[d + 2], acc[d + 3]);
+    [[unroll]] for (uint r = 0; r < R; r++) {
+        sh_m[r * LANES + lane] = m[r];
+        sh_l[r * LANES + lane] = l[r];
+        [[unroll]] for (uint d = 0; d < HD; d += 4)
+            sh_acc[(r * HD + d) / 4u * LANES + lane] =
+                vec4(acc[r * HD + d], acc[r * HD + d + 1], acc[r * HD + d + 2], acc[r * HD + d + 3]);
+    }
     barrier();
 
-    float mx = NO_SCORE;
-    for (uint j = 0; j < LANES; j++) mx = max(mx, sh_m[j]);
-    float sum = 0.0;
-    for (uint j = 0; j < LANES; j++) sum = fma(sh_l[j], exp2(sh_m[j] - mx), sum);
-    const float inv = sum > 0.0 ? 1.0 / sum : 0.0;
-    for (uint d4 = lane; d4 < HD / 4u; d4 += LANES) {
-        vec4 o = vec4(0.0);
-        for (uint j = 0; j < LANES; j++) o = fma(sh_acc[d4 * LANES + j], vec4(exp2(sh_m[j] - mx)), o);
-        o_out[q_off + d4] = o * inv;
+    for (uint r = 0; r < R; r++) {
+        const uint qi = q0 + r / G;
+        if (qi >= p.n_q) break;
+        float mx = NO_SCORE;
+        for (uint j = 0; j < LANES; j++) mx = max(mx, sh_m[r * LANES + j]);
+        float sum = 0.0;
+        for (uint j = 0; j < LANES; j++) sum = fma(sh_l[r * LANES + j], exp2(sh_m[r * LANES + j] - mx), sum);
+        const float inv = sum > 0.0 ? 1.0 / sum : 0.0;
+        const uint o_off = (qi * p.n_head + h0 + r % G) * (HD / 4u);
+        for (uint d4 = lane; d4 < HD / 4u; d4 += LANES) {
+            vec4 o = vec4(0.0);
+            for (uint j = 0; j < LANES; j++)
+                o = fma(sh_acc[(r * HD / 4u + d4) * LANES + j], vec4(exp2(sh_m[r * LANES + j] - mx)), o);
+            o_out[o_off + d4] = o * inv;
+        }
     }
 }

@@ -15,6 +15,7 @@ from .types import CACHE_TYPES, get_type
 
 LANES = 8        # invocations per (query, head); fixed, because the walk order depends on it
 MAX_HEAD_DIM = 256
+ROW_BUDGET = 256  # (query, head) rows x head_dim per workgroup: registers, shared memory, compile time
 MASKS = {"causal": 0, "block": 1}
 
 
@@ -50,11 +51,21 @@ def attention(graph, q_view, k_view, v_view, out_view, params_view, n_q: int, n_
     if params_view.size < 4:
         raise VkdflashError("attention params buffer must hold a uint32 first_pos")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    pipe = graph.ctx.pipeline("flash_attn", 5, 32, (LANES, head_dim, kt.id, vt.id))
-    push = struct.pack("<7If", n_q, n_head, n_head // n_head_kv, n_ctx, k_row // 2, v_row // 2,
-                       MASKS[mask], scale)
-    graph.dispatch(pipe, [q_view, k_view, v_view, out_view, params_view], (n_head, n_q), push,
+    gqa = n_head // n_head_kv
+    g, qt = tile(n_q, gqa, head_dim)
+    pipe = graph.ctx.pipeline("flash_attn", 5, 32, (LANES, head_dim, kt.id, vt.id, g, qt))
+    push = struct.pack("<7If", n_q, n_head, gqa, n_ctx, k_row // 2, v_row // 2, MASKS[mask], scale)
+    graph.dispatch(pipe, [q_view, k_view, v_view, out_view, params_view], (n_head // g, -(-n_q // qt)), push,
                    label=f"flash_attn/{kt.name},{vt.name}")
+
+
+def tile(n_q: int, gqa: int, head_dim: int) -> tuple[int, int]:
+    """(G heads, QT queries) per workgroup: each K/V row fetched serves G*QT rows. Any choice
+    gives the same bits; it trades registers and compile time for fewer fetches. QT is 1 for
+    decode and one fixed value otherwise, so a model compiles two variants."""
+    g = max((d for d in range(1, gqa + 1) if gqa % d == 0 and d * head_dim <= ROW_BUDGET), default=1)
+    qt = 1 if n_q == 1 else max(1, ROW_BUDGET // (g * head_dim))
+    return g, qt
 
 
 def _padded(view: View, what: str) -> View:
