@@ -135,6 +135,36 @@ def test_replay_with_rewritten_first_pos(ctx, mask):
     g.destroy(), out.destroy(), s.destroy()
 
 
+@pytest.mark.parametrize("mask", ["causal", "block"])
+def test_tiling_gives_same_bits(ctx, mask, monkeypatch):
+    """However many heads (G) and queries (QT) share a workgroup, every row gets the same bits."""
+    import vkdflash.kernels.attention as ka
+    s = Setup(ctx, "q4_0", 1)
+    n_q, outs = 7, []
+    for g, qt in ((1, 1), (2, 1), (1, 3), (2, 2)):
+        monkeypatch.setattr(ka, "tile", lambda n_q, gqa, hd, g=g, qt=qt: (g, qt))
+        out, gr = s.out(n_q), Graph(ctx)
+        s.dispatch(gr, 0, FIRST, 0, n_q, out, 0, mask)
+        gr.run()
+        outs.append(read(out, n_q))
+        gr.destroy(), out.destroy()
+    for got in outs[1:]:
+        assert np.array_equal(got.view(np.uint32), outs[0].view(np.uint32))
+    s.destroy()
+
+
+def test_visible_length_clamped_to_cache(ctx):
+    """Queries whose visible range runs past the bound cache rows read only those rows."""
+    s = Setup(ctx, "f16", 1)
+    n_q, first_pos = 5, FIRST + N_BLOCK - 2
+    out, g = s.out(n_q), Graph(ctx)
+    s.dispatch(g, 0, first_pos, 0, n_q, out, 0)
+    g.run()
+    got, want = read(out, n_q), ref_attention(s.q[:n_q], s.k, s.v, first_pos)
+    assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 5e-4
+    g.destroy(), out.destroy(), s.destroy()
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(head_dim=48), "head_dim"),
     (dict(head_dim=0), "head_dim"),
