@@ -39,7 +39,8 @@ const uint BB = TYPE == T_F32 ? 128u : (TYPE == T_F16 || TYPE == T_BF16) ? 64u :
     : TYPE == T_Q4_0 ? 18u : TYPE == T_Q4_1 ? 20u : TYPE == T_Q5_0 ? 22u : TYPE == T_Q5_1 ? 24u
     : TYPE == T_Q4_K ? 144u : 210u;
 // blocks per 16-byte-aligned group (WIDE): 16 / gcd(BB, 16); q6_k (8 x 210 bytes) has no WIDE path
-const uint G = WIDE == 0u ? 1u : (TYPE == T_Q8_0 || TYPE == T_Q4_0 || TYPE == T_Q5_0) ? 8u
+const bool WIDE_ON = WIDE != 0u && TYPE != T_Q6_K;  // q6_k blocks (210 bytes) never align
+const uint G = !WIDE_ON ? 1u : (TYPE == T_Q8_0 || TYPE == T_Q4_0 || TYPE == T_Q5_0) ? 8u
     : TYPE == T_Q4_1 ? 4u : TYPE == T_Q5_1 ? 2u : 1u;
 const uint NW = 72u;  // most 32-bit words held at once: 8 q8_0 blocks (272 bytes)
 
@@ -216,7 +217,7 @@ void main() {
     [[unroll]] for (uint jj = 0u; jj < NJ; jj++) acc[jj] = 0.0;
 
     for (uint g = part; g < nblk / G; g += SPLIT) {
-        if (WIDE != 0u) {
+        if (WIDE_ON) {
             load_group(row_off + g * G * BB);
         } else if (PLAIN) {
             uint base = (row_off + g * BB) >> 2;  // plain rows are 4-byte aligned
@@ -226,8 +227,10 @@ void main() {
         }
         if (QK == 32u) {
             [[unroll]] for (uint i = 0u; i < G; i++) chunk(i * BB, 0u, (g * G + i) * 8u, xj, acc);
+        } else if (XBCAST != 0u) {
+            [[unroll]] for (uint sub = 0u; sub < 8u; sub++) chunk(0u, sub, (g * 256u + sub * 32u) / 4u, xj, acc);
         } else {
-            // k-quants: a rolled loop over the 8 chunks (unrolled, LLVM takes ~30 s on it)
+            // rolled: unrolled with 8 x loads per chunk, lavapipe's LLVM takes ~30 s to compile it
             [[dont_unroll]] for (uint sub = 0u; sub < 8u; sub++) chunk(0u, sub, (g * 256u + sub * 32u) / 4u, xj, acc);
         }
     }
