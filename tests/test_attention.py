@@ -179,6 +179,7 @@ def test_visible_length_clamped_to_cache(ctx):
     (dict(out_bytes=100), "output holds"),
     (dict(k_bytes=10), "no full row"),
     (dict(p_bytes=0), "params"),
+    (dict(k_bytes=2 * 64 * 2 * 8 + 2), "16-byte boundary"),
 ])
 def test_bad_shapes_raise(ctx, kwargs, message):
     args = dict(n_q=2, n_head=4, n_head_kv=2, head_dim=64, k_type="f16", v_type="q4_0", mask="causal")
@@ -186,10 +187,17 @@ def test_bad_shapes_raise(ctx, kwargs, message):
     for key in list(kwargs):
         (sizes if key in sizes else args)[key] = kwargs[key]
     buf = ctx.buffer(1 << 16)
-    views = [buf.view(0, sizes[k]) for k in ("q_bytes", "k_bytes")] + [buf.view(0, 4096)] + \
+    k_off = (1 << 16) - sizes["k_bytes"]  # a K cache ending at the buffer's end
+    views = [buf.view(0, sizes["q_bytes"]), buf.view(k_off, sizes["k_bytes"]), buf.view(0, 4096)] + \
             [buf.view(0, sizes[k]) for k in ("out_bytes", "p_bytes")]
     g = Graph(ctx)
     with pytest.raises(VkdflashError, match=message):
         attention(g, *views, **args)
     assert len(g) == 0
     g.destroy(), buf.destroy()
+
+
+def test_cache_nbytes_rounds_rows_up_to_16_bytes():
+    from vkdflash.kernels.attention import cache_nbytes
+    assert cache_nbytes("q4_0", 3, 1, 32) == 64      # 3 rows of 18 bytes
+    assert cache_nbytes("f16", 8, 2, 64) == 8 * 256   # already a multiple of 16

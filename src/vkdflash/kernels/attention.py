@@ -3,7 +3,8 @@
 Cache layout (one layer, K and V alike): n_ctx rows, row p holds position p as n_head_kv*head_dim
 values in the cache type's block layout; head h occupies values [h*head_dim, (h+1)*head_dim).
 The K and V types are specialization constants, so every K/V pair runs from one SPIR-V.
-Rotation (Hadamard) is applied outside this kernel."""
+Cache buffers must be readable up to the next 16-byte boundary after the last row (see
+cache_nbytes). Rotation (Hadamard) is applied outside this kernel."""
 from __future__ import annotations
 
 import math
@@ -13,10 +14,18 @@ from ..errors import VkdflashError
 from ..runtime.memory import View, as_view
 from .types import CACHE_TYPES, get_type
 
-LANES = 8        # invocations per (query, head); fixed, because the walk order depends on it
+LANES = 8        # invocations per workgroup; fixed, because each row's walk order depends on it
 MAX_HEAD_DIM = 256
 ROW_BUDGET = 256  # (query, head) rows x head_dim per workgroup: registers, shared memory, compile time
 MASKS = {"causal": 0, "block": 1}
+MAX_GROUPS = 65535  # the smallest maxComputeWorkGroupCount Vulkan allows
+
+
+def cache_nbytes(cache_type, n_ctx: int, n_head_kv: int, head_dim: int) -> int:
+    """Bytes to allocate for one layer's K (or V) cache of n_ctx rows: the rows plus the tail
+    up to a 16-byte boundary that attention() reads past the last row (never uses)."""
+    rows = n_ctx * get_type(cache_type).row_bytes(n_head_kv * head_dim)
+    return -(-rows // 16) * 16
 
 
 def attention(graph, q_view, k_view, v_view, out_view, params_view, n_q: int, n_head: int,
@@ -47,12 +56,14 @@ def attention(graph, q_view, k_view, v_view, out_view, params_view, n_q: int, n_
     n_ctx = min(k_view.size // k_row, v_view.size // v_row)
     if n_ctx == 0:
         raise VkdflashError(f"attention cache bindings hold no full row ({k_row} / {v_row} bytes)")
-    k_view, v_view = _padded(k_view, "K"), _padded(v_view, "V")
+    k_view, v_view = _padded(graph.ctx, k_view, "K"), _padded(graph.ctx, v_view, "V")
     if params_view.size < 4:
         raise VkdflashError("attention params buffer must hold a uint32 first_pos")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     gqa = n_head // n_head_kv
     g, qt = tile(n_q, gqa, head_dim)
+    if -(-n_q // qt) > MAX_GROUPS:
+        raise VkdflashError(f"attention takes at most {MAX_GROUPS * qt} queries per call, got {n_q}")
     pipe = graph.ctx.pipeline("flash_attn", 5, 32, (LANES, head_dim, kt.id, vt.id, g, qt))
     push = struct.pack("<7If", n_q, n_head, gqa, n_ctx, k_row // 2, v_row // 2, MASKS[mask], scale)
     graph.dispatch(pipe, [q_view, k_view, v_view, out_view, params_view], (n_head // g, -(-n_q // qt)), push,
@@ -68,13 +79,16 @@ def tile(n_q: int, gqa: int, head_dim: int) -> tuple[int, int]:
     return g, qt
 
 
-def _padded(view: View, what: str) -> View:
+def _padded(ctx, view: View, what: str) -> View:
     """The shader reads caches in 16-byte vectors: bind up to the next 16-byte boundary (those
     bytes are read, never used), which the cache buffer must hold."""
     size = -(-view.size // 16) * 16
     if view.offset + size > view.buffer.nbytes:
         raise VkdflashError(f"attention {what} cache buffer must extend to a 16-byte boundary after the "
-                            f"bound rows: allocate {size - view.size} more bytes")
+                            f"bound rows: allocate {size - view.size} more bytes (see cache_nbytes)")
+    if size > ctx.features.max_storage_buffer_range:
+        raise VkdflashError(f"attention {what} cache binding of {size} bytes exceeds the device's storage "
+                            f"range {ctx.features.max_storage_buffer_range}")
     return View(view.buffer, view.offset, size)
 
 
