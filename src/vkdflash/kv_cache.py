@@ -1,0 +1,96 @@
+"""The KV cache: the only owner of K/V memory, with exactly one write path and one read path.
+
+write() is the core cache-write hook: it rotates whichever half is quantized (Hadamard,
+reference.md section 2) and then quantizes and stores. attend() is the matching read path:
+it rotates Q like K, runs fused attention in rotated space, and un-rotates the output.
+Nothing else in vkdflash touches the cache buffers, which is what makes a side door that
+skips the rotation (llama.cpp issue 25725, reference.md section 1) impossible here."""
+from __future__ import annotations
+
+import logging
+import os
+
+from .errors import VkdflashError
+from .kernels.attention import attention, cache_nbytes
+from .kernels.hadamard import fwht
+from .kernels.kv_store import store_rows
+from .kernels.types import CACHE_TYPES, get_type
+from .ref.hadamard import rotation_block
+
+log = logging.getLogger("vkdflash")
+
+
+def rotation_disabled_by_env() -> bool:
+    """VKDFLASH_ATTN_ROT_DISABLE=<non-zero integer> turns rotation off, like llama.cpp's switch."""
+    value = os.environ.get("VKDFLASH_ATTN_ROT_DISABLE", "").strip()
+    try:
+        return int(value) != 0
+    except ValueError:
+        return False
+
+
+class KVCache:
+    def __init__(self, ctx, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int,
+                 ctk: str = "f16", ctv: str = "f16", rotate: bool = True, name: str = "target"):
+        for half, t in (("K", ctk), ("V", ctv)):
+            if get_type(t).name not in CACHE_TYPES:
+                raise VkdflashError(f"{t} is not a KV cache type for {half}; choose one of {', '.join(CACHE_TYPES)}")
+            if get_type(t).quantized and head_dim % 32:
+                raise VkdflashError(f"a quantized {half} cache needs head_dim divisible by 32, got {head_dim}")
+        self.ctx, self.name = ctx, name
+        self.n_layer, self.n_ctx, self.n_head_kv, self.head_dim = n_layer, n_ctx, n_head_kv, head_dim
+        self.ctk, self.ctv = get_type(ctk).name, get_type(ctv).name
+        rotate = rotate and not rotation_disabled_by_env()
+        self.k_rot = rotation_block(self.ctk, head_dim, "k") if rotate else 0
+        self.v_rot = rotation_block(self.ctv, head_dim, "v") if rotate else 0
+        self.row_len = n_head_kv * head_dim
+        self.k = [ctx.buffer(cache_nbytes(self.ctk, n_ctx, n_head_kv, head_dim)) for _ in range(n_layer)]
+        self.v = [ctx.buffer(cache_nbytes(self.ctv, n_ctx, n_head_kv, head_dim)) for _ in range(n_layer)]
+        self.n_past = 0  # committed positions; the rest of each buffer is stale and never read
+        log.info("%s KV cache: %d layers x %d positions, K %s (rotation %s), V %s (rotation %s)",
+                 name, n_layer, n_ctx, self.ctk, f"on, n={self.k_rot}" if self.k_rot else "off",
+                 self.ctv, f"on, n={self.v_rot}" if self.v_rot else "off")
+
+    def describe(self) -> dict:
+        return {"k_type": self.ctk, "v_type": self.ctv, "k_rotation": self.k_rot, "v_rotation": self.v_rot,
+                "n_ctx": self.n_ctx}
+
+    def _views(self, layer: int):
+        rk, rv = get_type(self.ctk).row_bytes(self.row_len), get_type(self.ctv).row_bytes(self.row_len)
+        return self.k[layer].view(0, self.n_ctx * rk), self.v[layer].view(0, self.n_ctx * rv)
+
+    # -- the core cache-write hook ------------------------------------------------
+    def write(self, graph, layer: int, k_rows, v_rows, positions, n_rows: int) -> None:
+        """Record: rotate (if that half is quantized) then quantize and store n_rows K and V
+        rows (f32 [n_rows, n_head_kv*head_dim], RoPE already applied to K) at the uint32
+        cache positions in `positions`. The rotation happens in place in k_rows/v_rows."""
+        k_view, v_view = self._views(layer)
+        if self.k_rot:
+            fwht(graph, k_rows, k_rows, n_rows, self.row_len, self.k_rot)
+        if self.v_rot:
+            fwht(graph, v_rows, v_rows, n_rows, self.row_len, self.v_rot)
+        store_rows(graph, k_rows, positions, k_view, n_rows, self.row_len, self.ctk)
+        store_rows(graph, v_rows, positions, v_view, n_rows, self.row_len, self.ctv)
+
+    # -- the matching read path ---------------------------------------------------
+    def attend(self, graph, layer: int, q, out, params, n_q: int, n_head: int, mask: str = "causal") -> None:
+        """Record out = attention(q) over this layer's cache in rotated space: q is rotated
+        in place with H_k, the output un-rotated with H_v (H is its own inverse)."""
+        k_view, v_view = self._views(layer)
+        if self.k_rot:
+            fwht(graph, q, q, n_q * n_head, self.head_dim, self.k_rot)
+        attention(graph, q, k_view, v_view, out, params, n_q, n_head, self.n_head_kv, self.head_dim,
+                  self.ctk, self.ctv, mask=mask)
+        if self.v_rot:
+            fwht(graph, out, out, n_q * n_head, self.head_dim, self.v_rot)
+
+    def truncate(self, n: int) -> None:
+        """Forget positions >= n (speculation rolls back rejected drafts this way)."""
+        if not 0 <= n <= self.n_past:
+            raise VkdflashError(f"cannot truncate the {self.name} cache to {n}: it holds {self.n_past} positions")
+        self.n_past = n
+
+    def destroy(self) -> None:
+        for buf in self.k + self.v:
+            buf.destroy()
+        self.k, self.v = [], []

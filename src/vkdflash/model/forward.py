@@ -1,0 +1,201 @@
+"""The transformer forward pass on the GPU (llama / qwen2 / qwen3, dense).
+
+One graph is recorded per (tokens per call, logits rows, captured layers) and replayed with
+new token ids and positions written into small buffers, so decode costs one submit a token.
+Every kernel is batch invariant, so a token's logits are bit-identical whether it is run
+alone, inside a prefill chunk, or inside a speculative verify batch."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import VkdflashError
+from ..kernels import elementwise, matmul as mm, norm, rope as rope_k
+from ..kernels.copy import copy
+from ..kernels.embed import get_rows
+from ..kernels.weights import Weight
+from ..kv_cache import KVCache
+from ..runtime.graph import Graph
+
+log = logging.getLogger("vkdflash")
+
+MAX_BATCH = 64  # tokens per call: the batch-invariance range every kernel is tested over
+
+
+@dataclass
+class Output:
+    logits: np.ndarray               # [rows, n_vocab]: the last row, or every row
+    hidden: dict                     # layer index -> residual stream entering it [n, d]; "final" -> after output_norm
+
+
+class Layer:
+    def __init__(self, ctx, mf, i: int, vec, mat):
+        b, hp = f"blk.{i}.", mf.hparams
+        self.attn_norm, self.ffn_norm = vec(b + "attn_norm.weight"), vec(b + "ffn_norm.weight")
+        self.wq, self.wk, self.wv = mat(b + "attn_q.weight"), mat(b + "attn_k.weight"), mat(b + "attn_v.weight")
+        self.wo = mat(b + "attn_output.weight")
+        self.gate, self.up, self.down = mat(b + "ffn_gate.weight"), mat(b + "ffn_up.weight"), mat(b + "ffn_down.weight")
+        self.bias = ([vec(b + f"attn_{x}.bias", MAX_BATCH) for x in "qkv"] if hp.has_qkv_bias else None)
+        self.qk_norm = ((vec(b + "attn_q_norm.weight"), vec(b + "attn_k_norm.weight")) if hp.has_qk_norm else None)
+
+
+class Model:
+    def __init__(self, ctx, model_file, n_ctx: int = 4096, ctk: str = "f16", ctv: str = "f16",
+                 rotate: bool = True):
+        self.ctx, self.mf, hp = ctx, model_file, model_file.hparams
+        self.hp = hp
+        if n_ctx <= 0:
+            raise VkdflashError(f"context size must be positive, got {n_ctx}")
+        if hp.n_ctx_train and n_ctx > hp.n_ctx_train:
+            log.warning("context %d exceeds the model's training context %d", n_ctx, hp.n_ctx_train)
+        self._buffers = []
+        self.embd = self._mat("token_embd.weight")
+        self.output = self.embd if hp.tied_output else self._mat("output.weight")
+        self.output_norm = self._vec("output_norm.weight")
+        self.layers = [Layer(ctx, model_file, i, self._vec, self._mat) for i in range(hp.n_layer)]
+        self.cache = KVCache(ctx, hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim, ctk, ctv, rotate)
+        d, B = hp.n_embd, MAX_BATCH
+        q, kv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        f32 = lambda n: self._buf(4 * n)  # noqa: E731
+        self.x, self.xn, self.o = f32(B * d), f32(B * d), f32(B * d)
+        self.q, self.k, self.v, self.att = f32(B * q), f32(B * kv), f32(B * kv), f32(B * q)
+        self.gate, self.up = f32(B * hp.n_ff), f32(B * hp.n_ff)
+        self.logits = f32(B * hp.n_vocab)
+        self.ids, self.pos, self.params = self._buf(4 * B), self._buf(4 * B), self._buf(16)
+        self.captures: dict = {}
+        self.graphs: dict = {}
+        log.info("model %s: %d layers, d %d, heads %d/%d x %d, vocab %d, rope %s base %g, weights %s",
+                 hp.arch, hp.n_layer, d, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_vocab, hp.rope_mode,
+                 hp.rope_base, self.weight_types())
+
+    # -- loading --------------------------------------------------------------------
+    def _buf(self, nbytes: int):
+        buf = self.ctx.buffer(max(16, nbytes))
+        self._buffers.append(buf)
+        return buf
+
+    def _mat(self, name: str) -> Weight:
+        t = self.mf.tensor(name)
+        return Weight(self.ctx, t.type_id, t.shape[1], t.shape[0], t.data, name)
+
+    def _vec(self, name: str, repeat: int = 1):
+        """A 1-D tensor as f32 (biases repeated per batch row so a plain add applies them)."""
+        from ..ref.quants import dequantize
+        t = self.mf.tensor(name)
+        values = dequantize(np.asarray(t.data), t.type_id, t.shape[0]).reshape(-1).astype(np.float32)
+        buf = self._buf(values.nbytes * repeat)
+        buf.write(np.tile(values, repeat))
+        return buf
+
+    def weight_types(self) -> str:
+        names = sorted({w.ttype.name for layer in self.layers for w in (layer.wq, layer.gate, layer.down)}
+                       | {self.embd.ttype.name, self.output.ttype.name})
+        return "/".join(names)
+
+    # -- recording ------------------------------------------------------------------
+    def _record(self, n: int, all_logits: bool, capture: tuple) -> Graph:
+        hp, ctx, cache = self.hp, self.ctx, self.cache
+        d, hd, eps = hp.n_embd, hp.head_dim, hp.rms_eps
+        q_len, kv_len = hp.n_head * hd, hp.n_head_kv * hd
+        g = Graph(ctx)
+        get_rows(g, self.embd, self.ids, self.x, n)
+        for i, L in enumerate(self.layers):
+            if i in capture:
+                copy(g, self.x, self._capture(i).view(0, n * d * 4), n * d * 4, groups=4)
+            norm.rms_norm(g, self.x, L.attn_norm, self.xn, n, d, eps)
+            mm.matmul(g, L.wq, self.xn, self.q, n)
+            mm.matmul(g, L.wk, self.xn, self.k, n)
+            mm.matmul(g, L.wv, self.xn, self.v, n)
+            if L.bias:
+                for buf, bias, width in zip((self.q, self.k, self.v), L.bias, (q_len, kv_len, kv_len)):
+                    elementwise.add(g, buf, bias, buf, n * width)
+            if L.qk_norm:
+                norm.rms_norm(g, self.q, L.qk_norm[0], self.q, n * hp.n_head, hd, eps)
+                norm.rms_norm(g, self.k, L.qk_norm[1], self.k, n * hp.n_head_kv, hd, eps)
+            rope_k.rope(g, self.q, self.pos, self.q, n, hp.n_head, hd, hp.rope_base, hp.rope_mode)
+            rope_k.rope(g, self.k, self.pos, self.k, n, hp.n_head_kv, hd, hp.rope_base, hp.rope_mode)
+            cache.write(g, i, self.k, self.v, self.pos, n)
+            cache.attend(g, i, self.q, self.att, self.params, n, hp.n_head)
+            mm.matmul(g, L.wo, self.att, self.o, n)
+            elementwise.add(g, self.x, self.o, self.x, n * d)
+            norm.rms_norm(g, self.x, L.ffn_norm, self.xn, n, d, eps)
+            mm.matmul(g, L.gate, self.xn, self.gate, n)
+            mm.matmul(g, L.up, self.xn, self.up, n)
+            elementwise.swiglu(g, self.gate, self.up, self.gate, n * hp.n_ff)
+            mm.matmul(g, L.down, self.gate, self.o, n)
+            elementwise.add(g, self.x, self.o, self.x, n * d)
+        norm.rms_norm(g, self.x, self.output_norm, self.xn, n, d, eps)
+        if all_logits:
+            mm.matmul(g, self.output, self.xn, self.logits, n)
+        else:
+            mm.matmul(g, self.output, self.xn.view((n - 1) * d * 4, d * 4), self.logits, 1)
+        return g
+
+    def _capture(self, layer: int):
+        if layer not in self.captures:
+            self.captures[layer] = self._buf(4 * MAX_BATCH * self.hp.n_embd)
+        return self.captures[layer]
+
+    # -- running --------------------------------------------------------------------
+    def forward(self, tokens, all_logits: bool = False, capture=()) -> Output:
+        """Append `tokens` to the cache and return logits (last row, or every row) and, for
+        the layers in `capture`, the residual stream entering them plus the final hidden state."""
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        capture = tuple(sorted(set(int(c) for c in capture)))
+        bad = [c for c in capture if not 0 <= c < self.hp.n_layer]
+        if bad:
+            raise VkdflashError(f"cannot capture layer {bad[0]}: the model has {self.hp.n_layer} layers")
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.hp.n_vocab):
+            raise VkdflashError(f"token id {int(tokens.max())} is outside the vocabulary ({self.hp.n_vocab})")
+        logits, hidden = [], {c: [] for c in capture}
+        if capture:
+            hidden["final"] = []
+        for start in range(0, tokens.size, MAX_BATCH):
+            chunk = tokens[start:start + MAX_BATCH]
+            last = start + MAX_BATCH >= tokens.size
+            rows, captured = self._run(chunk, all_logits, capture, need_logits=all_logits or last)
+            logits.append(rows)
+            for key, value in captured.items():
+                hidden[key].append(value)
+        return Output(np.concatenate(logits) if logits else np.zeros((0, self.hp.n_vocab), np.float32),
+                      {k: np.concatenate(v) for k, v in hidden.items()})
+
+    def _run(self, chunk, all_logits: bool, capture: tuple, need_logits: bool):
+        n, hp, cache = chunk.size, self.hp, self.cache
+        start = cache.n_past
+        if start + n > cache.n_ctx:
+            raise VkdflashError(f"context full: {start} + {n} tokens exceed -c {cache.n_ctx}")
+        key = (n, all_logits, capture)
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = self._record(n, all_logits, capture)
+        self.ids.write(chunk.astype(np.uint32))
+        self.pos.write(np.arange(start, start + n, dtype=np.uint32))
+        self.params.write(np.array([start, 0, 0, 0], np.uint32))
+        graph.run()
+        cache.n_past = start + n
+        rows = (n if all_logits else 1) if need_logits else 0
+        logits = self.logits.read(np.float32, rows * hp.n_vocab).reshape(rows, hp.n_vocab)
+        hidden = {c: self.captures[c].read(np.float32, n * hp.n_embd).reshape(n, hp.n_embd) for c in capture}
+        if capture:
+            hidden["final"] = self.xn.read(np.float32, n * hp.n_embd).reshape(n, hp.n_embd)
+        return logits, hidden
+
+    def reset(self) -> None:
+        self.cache.truncate(0)
+
+    def close(self) -> None:
+        for g in self.graphs.values():
+            g.destroy()
+        self.graphs.clear()
+        self.cache.destroy()
+        for w in {id(w): w for L in self.layers for w in (L.wq, L.wk, L.wv, L.wo, L.gate, L.up, L.down)}.values():
+            w.destroy()
+        self.embd.destroy()
+        if self.output is not self.embd:
+            self.output.destroy()
+        for buf in self._buffers:
+            buf.destroy()
+        self._buffers.clear()
