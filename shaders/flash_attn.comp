@@ -50,7 +50,7 @@ uint v_row[2 * HD];
         const uint w0 = base >> 1, r = w0 & 3u, a0 = w0 >> 2, a_last = (base + n - 1u) >> 3; \
         const bool odd = (base & 1u) != 0u;                                            \
         uint u[HD + 8];                                                                \
-        [[unroll]] for (uint k = 0; k < (n / 2u + 7u) / 4u; k++) {              \
+        [[unroll]] for (uint k = 0; k < (n / 2u + 7u) / 4u; k++) {                     \
             uvec4 x = BUF[min(a0 + k, a_last)];                                        \
             u[4u * k] = x.x; u[4u * k + 1u] = x.y; u[4u * k + 2u] = x.z; u[4u * k + 3u] = x.w; \
         }                                                                              \
@@ -74,6 +74,7 @@ DEFINE_FETCH(fetch_v, v_cache, v_row)
 #define DQ_BUF v_row
 #define DQ_FN dequant_v
 #include "dequant.glsl"
+
 const float NO_SCORE = -3.0e38;  // finite "minus infinity": exp2(NO_SCORE - s) is exactly 0
 
 shared float sh_m[R * gl_WorkGroupSize.x];
