@@ -71,3 +71,23 @@ def kernels(ctx, reps: int = 5) -> dict:
         matvec[t] = fig
     return {"device": ctx.features.name, "driver": ctx.features.driver, "copy": copy_fig,
             "matvec_4096x4096": matvec, "overhead": overheads(ctx, reps)}
+
+
+def model(m, n_prompt: int, n_gen: int) -> dict:
+    """Prefill n_prompt tokens, then decode n_gen tokens greedily; wall-clock tok/s of each."""
+    vocab = m.hp.n_vocab
+    prompt = np.random.default_rng(0).integers(0, vocab, n_prompt).tolist()
+    m.reset()
+    m.forward(prompt[:8])  # warm-up: records and compiles the graphs both phases use
+    m.forward(prompt[:1])
+    m.reset()
+    t0 = time.perf_counter()
+    logits = m.forward(prompt).logits[-1]
+    prefill = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(n_gen):
+        logits = m.forward([int(np.argmax(logits))]).logits[-1]
+    decode = time.perf_counter() - t0
+    return {"device": m.ctx.features.name, "model": m.hp.arch, "weights": m.weight_types(),
+            "cache": m.cache.describe(), "n_prompt": n_prompt, "n_gen": n_gen,
+            "prefill_tps": n_prompt / prefill, "decode_tps": n_gen / decode}

@@ -8,6 +8,7 @@ import sys
 import click
 
 from .errors import VkdflashError
+from .kernels.types import CACHE_TYPES
 
 log = logging.getLogger("vkdflash")
 
@@ -112,6 +113,82 @@ def conformance(device, pattern, json_path, quick) -> None:
         sys.exit(1)
 
 
+def model_options(f):
+    """Flags shared by generate and bench model, spelled as llama.cpp spells them."""
+    opts = [
+        click.option("-m", "--model", "model_path", default=None, type=click.Path(dir_okay=False),
+                     help="GGUF file (default: the embedded SmolLM2-135M-Instruct, fetched once)."),
+        click.option("-c", "--ctx-size", "n_ctx", default=4096, show_default=True, type=click.IntRange(1, 1 << 20),
+                     help="Context size in tokens (KV cache positions)."),
+        click.option("-ctk", "--cache-type-k", "ctk", default="f16", show_default=True,
+                     type=click.Choice(CACHE_TYPES, case_sensitive=False), help="K cache type."),
+        click.option("-ctv", "--cache-type-v", "ctv", default="f16", show_default=True,
+                     type=click.Choice(CACHE_TYPES, case_sensitive=False), help="V cache type."),
+        click.option("--no-kv-rotation", is_flag=True,
+                     help="Store quantized K/V unrotated (also VKDFLASH_ATTN_ROT_DISABLE=1)."),
+        DEVICE_OPTION,
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device):
+    from .model import default_model_path, load_model
+    from .model.forward import Model
+    from .runtime.context import Context
+    from .tokenizer import Tokenizer
+    path = model_path or default_model_path()
+    mf = load_model(path)
+    tok = Tokenizer(mf.metadata)
+    return Model(Context(device), mf, n_ctx=n_ctx, ctk=ctk, ctv=ctv, rotate=not no_kv_rotation), tok
+
+
+@main.command()
+@click.argument("prompt_arg", required=False, metavar="[PROMPT]")
+@click.option("-p", "--prompt", default=None, help="Prompt text (or give it as the argument).")
+@click.option("-n", "--n-predict", default=128, show_default=True, type=click.IntRange(0, 1 << 20),
+              help="Most tokens to generate.")
+@click.option("--temp", default=0.8, show_default=True, type=click.FloatRange(0.0), help="Temperature; 0 = greedy.")
+@click.option("--top-k", default=40, show_default=True, type=click.IntRange(0), help="0 = off.")
+@click.option("--top-p", default=0.95, show_default=True, type=click.FloatRange(0.0, 1.0), help="1.0 = off.")
+@click.option("--min-p", default=0.05, show_default=True, type=click.FloatRange(0.0, 1.0), help="0.0 = off.")
+@click.option("-s", "--seed", default=-1, show_default=True, type=int, help="RNG seed; -1 = random.")
+@click.option("--stop", "stops", multiple=True, help="Stop when this text is generated (repeatable).")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template as a user message.")
+@click.option("--system", default=None, help="System message for --chat.")
+@model_options
+def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, stops, chat, system,
+             model_path, n_ctx, ctk, ctv, no_kv_rotation, device) -> None:
+    """Generate text from a prompt, streamed, ending with a stats line."""
+    from .chat import ChatTemplate, chat_prompt_ids
+    from .generate import Stats, generate as run
+    from .sampling import Sampler
+    if prompt is not None and prompt_arg is not None:
+        raise click.UsageError("give the prompt either as an argument or with -p, not both")
+    text = prompt if prompt is not None else prompt_arg
+    if text is None:
+        raise click.UsageError("no prompt: give it as an argument or with -p/--prompt")
+    model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
+    if chat:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        ids = chat_prompt_ids(tok, ChatTemplate.from_metadata(model.mf.metadata, tok), messages)
+    else:
+        ids = tok.encode(text, add_special=True)
+    if not ids:
+        raise VkdflashError("the prompt encodes to no tokens")
+    sampler = Sampler(temp, top_k, top_p, min_p, None if seed < 0 else seed)
+    log.info("sampling: %s", "greedy" if sampler.greedy else
+             f"temp {temp}, top-k {top_k}, top-p {top_p}, min-p {min_p}, seed {seed}")
+    stats = Stats()
+    if not chat:
+        click.echo(text, nl=False)
+    for piece in run(model, tok, ids, n_predict, sampler, stops, stats):
+        click.echo(piece, nl=False)
+    click.echo()
+    click.echo(stats.line(), err=True)
+
+
 @main.group()
 def bench() -> None:
     """Measure speed (JSON output for comparisons)."""
@@ -127,6 +204,26 @@ def bench_kernels(device, json_path, reps) -> None:
     from .bench import kernels
     from .runtime.context import Context
     report = kernels(Context(device), reps)
+    text = json.dumps(report, indent=1)
+    click.echo(text)
+    if json_path:
+        with open(json_path, "w") as f:
+            f.write(text + "\n")
+
+
+@bench.command("model")
+@click.option("-p", "--n-prompt", default=128, show_default=True, type=click.IntRange(1, 1 << 16),
+              help="Prompt tokens to prefill.")
+@click.option("-n", "--n-gen", default=64, show_default=True, type=click.IntRange(2, 1 << 16),
+              help="Tokens to decode.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, writable=True),
+              help="Write the figures to this JSON file (also printed).")
+@model_options
+def bench_model(n_prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_rotation, device) -> None:
+    """Prefill and greedy decode tok/s on a fixed synthetic prompt."""
+    from .bench import model as bench_run
+    model, tok = open_model(model_path, max(n_ctx, n_prompt + n_gen + 1), ctk, ctv, no_kv_rotation, device)
+    report = bench_run(model, n_prompt, n_gen)
     text = json.dumps(report, indent=1)
     click.echo(text)
     if json_path:
