@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import VkdflashError
 from ..kernels import elementwise, matmul as mm, norm, rope as rope_k
+from ..kernels.attention import MAX_HEAD_DIM
 from ..kernels.copy import copy
 from ..kernels.embed import get_rows
 from ..kernels.weights import Weight
@@ -27,7 +28,8 @@ MAX_BATCH = 64  # tokens per call: the batch-invariance range every kernel is te
 @dataclass
 class Output:
     logits: np.ndarray               # [rows, n_vocab]: the last row, or every row
-    hidden: dict                     # layer index -> residual stream entering it [n, d]; "final" -> after output_norm
+    hidden: dict  # layer-input id i -> residual stream entering block i [n, d] (n_layer: leaving
+                  # the last block); "final" -> after output_norm
 
 
 class Layer:
@@ -46,6 +48,9 @@ class Model:
                  rotate: bool = True):
         self.ctx, self.mf, hp = ctx, model_file, model_file.hparams
         self.hp = hp
+        if hp.head_dim % 32 or hp.head_dim > MAX_HEAD_DIM:
+            raise VkdflashError(f"head_dim {hp.head_dim} is not supported: attention needs a multiple of 32 "
+                                f"up to {MAX_HEAD_DIM}")
         if n_ctx <= 0:
             raise VkdflashError(f"context size must be positive, got {n_ctx}")
         if hp.n_ctx_train and n_ctx > hp.n_ctx_train:
@@ -126,6 +131,8 @@ class Model:
             elementwise.swiglu(g, self.gate, self.up, self.gate, n * hp.n_ff)
             mm.matmul(g, L.down, self.gate, self.o, n)
             elementwise.add(g, self.x, self.o, self.x, n * d)
+        if hp.n_layer in capture:
+            copy(g, self.x, self._capture(hp.n_layer).view(0, n * d * 4), n * d * 4, groups=4)
         norm.rms_norm(g, self.x, self.output_norm, self.xn, n, d, eps)
         if all_logits:
             mm.matmul(g, self.output, self.xn, self.logits, n)
@@ -144,9 +151,9 @@ class Model:
         the layers in `capture`, the residual stream entering them plus the final hidden state."""
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         capture = tuple(sorted(set(int(c) for c in capture)))
-        bad = [c for c in capture if not 0 <= c < self.hp.n_layer]
+        bad = [c for c in capture if not 0 <= c <= self.hp.n_layer]
         if bad:
-            raise VkdflashError(f"cannot capture layer {bad[0]}: the model has {self.hp.n_layer} layers")
+            raise VkdflashError(f"cannot capture layer input {bad[0]}: ids run 0..{self.hp.n_layer}")
         if tokens.size and (tokens.min() < 0 or tokens.max() >= self.hp.n_vocab):
             raise VkdflashError(f"token id {int(tokens.max())} is outside the vocabulary ({self.hp.n_vocab})")
         logits, hidden = [], {c: [] for c in capture}

@@ -1,0 +1,105 @@
+"""The GPU forward pass against the numpy reference (tiny random models) and llama.cpp (SmolLM2)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gguf_fixtures import write_model
+from vkdflash.conformance import nmse
+from vkdflash.errors import VkdflashError
+from vkdflash.model import load_model
+from vkdflash.model.forward import Model
+from vkdflash.ref.model import RefModel
+
+NMSE_LOGITS = 2e-3  # reference.md section 7: whole-model logits
+PROMPT = [5, 17, 3, 42, 8, 23, 11, 2, 30, 7, 19, 4]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    # head_dim 64: the smallest the rotation applies to
+    return {arch: load_model(write_model(d / f"{arch}.gguf", arch, n_embd=128, n_ff=256, n_head=2, n_head_kv=1,
+                                         head_dim=64, seed=3)) for arch in ("llama", "qwen2", "qwen3")}
+
+
+def greedy(model, prompt, n):
+    model.reset()
+    logits = model.forward(prompt).logits[-1]
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = model.forward([out[-1]]).logits[-1]
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_logits_match_numpy_reference(ctx0, tiny, arch):
+    gpu = Model(ctx0, tiny[arch], n_ctx=64)
+    ref = RefModel(tiny[arch], n_ctx=64)
+    got = gpu.forward(PROMPT, all_logits=True).logits
+    want = ref.forward(PROMPT).logits
+    assert nmse(got, want) <= NMSE_LOGITS
+    ref.reset()
+    ref_ids, logits = [], ref.forward(PROMPT).logits[-1]
+    for _ in range(12):
+        ref_ids.append(int(np.argmax(logits)))
+        logits = ref.forward([ref_ids[-1]]).logits[-1]
+    assert greedy(gpu, PROMPT, 12) == ref_ids
+    gpu.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_batched_equals_token_by_token_bitwise(ctx0, tiny, arch):
+    """Batch invariance end to end: prefill logits equal one-token decode logits, bit for bit."""
+    m = Model(ctx0, tiny[arch], n_ctx=64)
+    batched = m.forward(PROMPT, all_logits=True).logits
+    m.reset()
+    single = np.concatenate([m.forward([t]).logits for t in PROMPT])
+    assert np.array_equal(batched.view(np.uint32), single.view(np.uint32))
+    m.close()
+
+
+def test_captured_hidden_states_match_reference(ctx0, tiny):
+    mf = tiny["qwen3"]
+    n_layer = mf.hparams.n_layer
+    m = Model(ctx0, mf, n_ctx=64)
+    got = m.forward(PROMPT, capture=[0, 1, n_layer]).hidden
+    want = RefModel(mf, n_ctx=64).forward(PROMPT, capture_layers=[0, 1, n_layer])
+    for layer in (0, 1, n_layer):
+        assert nmse(got[layer], want.hidden[layer]) <= NMSE_LOGITS
+    assert nmse(got["final"], want.final) <= NMSE_LOGITS
+    with pytest.raises(VkdflashError, match="capture"):
+        m.forward([1], capture=[n_layer + 1])
+    m.close()
+
+
+@pytest.mark.parametrize("ctype", ["f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("rotate", [True, False])
+def test_quantized_cache_matches_reference_cache(ctx0, tiny, ctype, rotate):
+    """Same cache type and rotation in both: the GPU cache stores what the numpy cache stores."""
+    mf = tiny["llama"]
+    gpu = Model(ctx0, mf, n_ctx=64, ctk=ctype, ctv=ctype, rotate=rotate)
+    assert bool(gpu.cache.k_rot) == (rotate and ctype != "f16")
+    ref = RefModel(mf, ctk=ctype, ctv=ctype, rotate=rotate, n_ctx=64)
+    assert nmse(gpu.forward(PROMPT, all_logits=True).logits, ref.forward(PROMPT).logits) <= NMSE_LOGITS
+    gpu.close()
+
+
+def test_context_overflow_and_bad_tokens_are_clear_errors(ctx0, tiny):
+    m = Model(ctx0, tiny["llama"], n_ctx=8)
+    with pytest.raises(VkdflashError, match="context full"):
+        m.forward(PROMPT)
+    with pytest.raises(VkdflashError, match="vocabulary"):
+        m.forward([10 ** 6])
+    m.close()
+
+
+def test_rotation_env_switch(ctx0, tiny, monkeypatch):
+    monkeypatch.setenv("VKDFLASH_ATTN_ROT_DISABLE", "1")
+    m = Model(ctx0, tiny["llama"], n_ctx=16, ctk="q8_0", ctv="q4_0")
+    assert m.cache.k_rot == 0 and m.cache.v_rot == 0
+    m.close()
