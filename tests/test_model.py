@@ -103,3 +103,89 @@ def test_rotation_env_switch(ctx0, tiny, monkeypatch):
     m = Model(ctx0, tiny["llama"], n_ctx=16, ctk="q8_0", ctv="q4_0")
     assert m.cache.k_rot == 0 and m.cache.v_rot == 0
     m.close()
+
+
+# -- SmolLM2-135M against llama.cpp's own numbers ------------------------------------------------
+
+LLAMACPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "reference" / "smollm2-llamacpp-top10.json"
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from vkdflash.model import default_model_path
+    return load_model(default_model_path(progress=False))
+
+
+@pytest.fixture(scope="module")
+def llamacpp():
+    return json.loads(LLAMACPP.read_text())["cases"]
+
+
+def log_softmax(x):
+    x = np.asarray(x, np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+@pytest.mark.slow
+def test_smollm2_matches_llamacpp(ctx0, smollm2, llamacpp):
+    """Same prompt ids; same first 8 greedy ids, except where llama.cpp itself sees a near-tie;
+    top-1 log-probabilities close while the ids agree.
+
+    Our top-1 log-probabilities differ from llama.cpp's by 0.044 on average and ~0.2 at worst;
+    the float64 numpy reference shows the same figures, so the gap is in llama.cpp's arithmetic
+    (emulating its 8-bit activation quantization or f16 attention did not close it). A greedy
+    step may therefore flip where llama.cpp's own top-2 gap is below 0.1 nats: allowed, and
+    only to llama.cpp's second choice."""
+    from vkdflash.tokenizer import Tokenizer
+    tok = Tokenizer(smollm2.metadata)
+    m = Model(ctx0, smollm2, n_ctx=256)
+    diffs, agree = [], []
+    for case in llamacpp:
+        assert tok.encode(case["prompt"], add_special=True) == case["prompt_ids"]
+        ours = greedy(m, case["prompt_ids"], 8)
+        for step, (got, ref) in enumerate(zip(ours, case["steps"][:8])):
+            if got != ref["id"]:
+                top = ref["top"]
+                assert got == top[1]["id"] and top[0]["logprob"] - top[1]["logprob"] < 0.1, \
+                    f"{case['prompt']!r} step {step}: {got} vs llama.cpp {ref['id']} (not a near-tie)"
+                break
+        m.reset()  # teacher-forced over llama.cpp's 32 tokens: every step's distribution at once
+        lp = log_softmax(m.forward(case["prompt_ids"] + case["tokens"][:-1], all_logits=True).logits)
+        lp = lp[len(case["prompt_ids"]) - 1:]
+        n = 0
+        for row, step in zip(lp, case["steps"]):
+            if int(np.argmax(row)) != step["id"]:
+                break
+            n += 1
+            diffs.append(abs(row[step["id"]] - step["logprob"]))
+        agree.append(n)
+    print(f"\nSmolLM2 vs llama.cpp: teacher-forced greedy agreement per case {agree}/32, top-1 log-prob "
+          f"|diff| max {max(diffs):.3f} mean {np.mean(diffs):.3f}")
+    assert np.mean(diffs) < 0.06 and max(diffs) < 0.3
+    m.close()
+
+
+def top1_agreement(ctx, mf, cases, ctk, ctv, rotate, reference=None):
+    m = Model(ctx, mf, n_ctx=256, ctk=ctk, ctv=ctv, rotate=rotate)
+    ids = []
+    for case in cases:
+        m.reset()
+        ids.append(np.argmax(m.forward(case["prompt_ids"] + case["tokens"], all_logits=True).logits, axis=1))
+    m.close()
+    ids = np.concatenate(ids)
+    return ids if reference is None else float(np.mean(ids == reference))
+
+
+@pytest.mark.slow
+def test_smollm2_quantized_cache_agreement(ctx0, smollm2, llamacpp):
+    """Teacher-forced top-1 agreement with the f16-cache run over every position of the 8 cases."""
+    f16 = top1_agreement(ctx0, smollm2, llamacpp, "f16", "f16", True)
+    assert f16.size >= 256
+    q8 = top1_agreement(ctx0, smollm2, llamacpp, "q8_0", "q8_0", True, f16)
+    q4_rot = top1_agreement(ctx0, smollm2, llamacpp, "q4_0", "q4_0", True, f16)
+    q4_raw = top1_agreement(ctx0, smollm2, llamacpp, "q4_0", "q4_0", False, f16)
+    print(f"\nSmolLM2 top-1 agreement with f16 cache over {f16.size} positions: q8_0 {q8:.4f}, "
+          f"q4_0 rotated {q4_rot:.4f}, q4_0 unrotated {q4_raw:.4f}")
+    assert q8 >= 0.98
+    assert q4_rot > q4_raw
