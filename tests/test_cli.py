@@ -39,3 +39,31 @@ def test_conformance_filter_and_json(tmp_path):
 def test_conformance_unknown_filter_fails():
     res = run("conformance", "--filter", "no-such-kernel")
     assert res.exit_code == 1 and "no conformance case matches" in res.output
+
+
+def test_generate_on_malformed_files_is_one_line_error(tmp_path):
+    from gguf_fixtures import write_model
+    good = write_model(tmp_path / "good.gguf", "llama", n_embd=128, n_ff=256, n_head=2, n_head_kv=1, head_dim=64)
+    data = good.read_bytes()
+    cases = {"magic.gguf": b"XXXX" + data[4:], "truncated.gguf": data[: len(data) // 2],
+             "empty.gguf": b""}
+    for name, blob in cases.items():
+        path = tmp_path / name
+        path.write_bytes(blob)
+        for args in (["generate", "-m", str(path), "hi", "-n", "1"], ["inspect", str(path)]):
+            res = run(*args)
+            lines = res.output.strip().splitlines()
+            assert res.exit_code == 1 and len(lines) == 1 and lines[0].startswith("vkdflash: error:"), (name, res.output)
+    res = run("generate", "-m", str(tmp_path / "missing.gguf"), "hi")
+    assert res.exit_code != 0 and "Traceback" not in res.output
+
+
+def test_generate_streams_text_and_stats(tmp_path):
+    from gguf_fixtures import write_model
+    path = write_model(tmp_path / "m.gguf", "qwen3", n_embd=128, n_ff=256, n_head=2, n_head_kv=1, head_dim=64)
+    res = CliRunner().invoke(main, ["generate", "-m", str(path), "-p", "hello", "-n", "5", "--temp", "0",
+                                    "-c", "64", "-ctk", "q8_0", "-ctv", "q4_0"])
+    assert res.exit_code == 0, res.output
+    assert "generated" in res.output and "tok/s" in res.output
+    bad = run("generate", "-m", str(path), "hi", "-ctk", "q3_k")
+    assert bad.exit_code == 2 and "q3_k" in bad.output
