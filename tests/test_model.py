@@ -195,3 +195,18 @@ def test_smollm2_quantized_cache_agreement(ctx0, smollm2, llamacpp):
           f"q4_0 rotated {q4_rot:.4f}, q4_0 unrotated {q4_raw:.4f}")
     assert q8 >= 0.98
     assert q4_rot > q4_raw
+
+
+@pytest.mark.slow
+def test_smollm2_gpu_matches_numpy_reference(ctx0, smollm2, llamacpp):
+    """The chain to llama.cpp without its rounding noise: GPU engine == float64 numpy reference
+    here, and the reference == llama.cpp (same commit, F32 weights) in test_ref_model.py."""
+    case = llamacpp[0]
+    ids = case["prompt_ids"] + case["tokens"][:16]
+    m = Model(ctx0, smollm2, n_ctx=64)
+    got = m.forward(ids, all_logits=True).logits
+    want = RefModel(smollm2, n_ctx=64).forward(ids).logits
+    err = nmse(got, want)
+    print(f"\nSmolLM2 GPU vs numpy reference logits NMSE {err:.2e}")
+    assert err <= 1e-6 and np.array_equal(got.argmax(1), want.argmax(1))
+    m.close()
