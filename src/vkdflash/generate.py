@@ -40,21 +40,34 @@ class Stats:
                 "stop_reason": self.stop_reason}
 
 
-def generate(model, tokenizer, prompt_ids: list[int], n_predict: int, sampler: Sampler,
-             stops=(), stats: Stats | None = None):
-    """Yield text pieces (never broken UTF-8) until EOS/EOG, a stop string or n_predict tokens.
-
-    The model's cache is reset first; `stats` (if given) is filled in as the run goes."""
-    stats = stats if stats is not None else Stats()
+def plain_tokens(model, prompt_ids: list[int], sampler, stats: Stats):
+    """Yield sampled token ids one decode step at a time (no speculation)."""
     model.reset()
-    decoder, matcher = StreamDecoder(tokenizer), StopMatcher(stops)
     t0 = time.perf_counter()
     logits = model.forward(prompt_ids).logits[-1]
     stats.prompt_tokens, stats.prompt_seconds = len(prompt_ids), time.perf_counter() - t0
-    t0 = time.perf_counter()
-    stats.stop_reason = "length"
-    while stats.generated_tokens < n_predict:
+    while True:
         token = sampler.sample(logits)
+        yield token
+        if model.cache.n_past >= model.cache.n_ctx:
+            return
+        logits = model.forward([token]).logits[-1]
+
+
+def generate(model, tokenizer, prompt_ids: list[int], n_predict: int, sampler: Sampler,
+             stops=(), stats: Stats | None = None, speculator=None):
+    """Yield text pieces (never broken UTF-8) until EOS/EOG, a stop string, n_predict tokens or a
+    full context. The model's cache is reset first; `stats` is filled in as the run goes.
+    With a speculator (spec.engine.Speculator) tokens come from draft-and-verify steps."""
+    stats = stats if stats is not None else Stats()
+    decoder, matcher = StreamDecoder(tokenizer), StopMatcher(stops)
+    source = (speculator.tokens(prompt_ids, sampler, n_predict, stats) if speculator is not None
+              else plain_tokens(model, prompt_ids, sampler, stats))
+    stats.stop_reason = "context full" if n_predict > 0 else "length"
+    t0 = None
+    for token in source if n_predict > 0 else ():
+        if t0 is None:
+            t0 = time.perf_counter()  # decode time starts once the prompt is done
         if tokenizer.is_eog(token):
             stats.stop_reason = "eos"
             break
@@ -67,12 +80,10 @@ def generate(model, tokenizer, prompt_ids: list[int], n_predict: int, sampler: S
             stats.stop_reason = f"stop string {matcher.matched!r}"
             break
         if stats.generated_tokens >= n_predict:
+            stats.stop_reason = "length"
             break
-        if model.cache.n_past >= model.cache.n_ctx:
-            stats.stop_reason = "context full"
-            break
-        logits = model.forward([token]).logits[-1]
-    stats.decode_seconds = time.perf_counter() - t0
+    source.close()
+    stats.decode_seconds = time.perf_counter() - t0 if t0 is not None else 0.0
     tail = matcher.feed(decoder.flush()) + matcher.flush()
     if tail:
         yield tail

@@ -7,10 +7,14 @@ Nothing else in vkdflash touches the cache buffers, which is what makes a side d
 skips the rotation (llama.cpp issue 25725, reference.md section 1) impossible here."""
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import weakref
+from dataclasses import dataclass
 
 from .errors import VkdflashError
+from .hookspecs import hookimpl
 from .kernels.attention import attention, cache_nbytes
 from .kernels.hadamard import fwht
 from .kernels.kv_store import store_rows
@@ -27,6 +31,36 @@ def rotation_disabled_by_env() -> bool:
         return int(value) != 0
     except ValueError:
         return False
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What hook implementations see of a cache: its description, never its buffers."""
+    key: int
+    name: str
+    n_layer: int
+    n_ctx: int
+    n_head_kv: int
+    head_dim: int
+    k_type: str
+    v_type: str
+    k_rotation: int  # Hadamard block size applied to K (0: not rotated)
+    v_rotation: int
+
+
+_caches: "weakref.WeakValueDictionary[int, KVCache]" = weakref.WeakValueDictionary()
+_keys = itertools.count(1)
+
+
+class CoreCacheHooks:
+    """The core's implementation of the cache-write hook (registered as plugin "core")."""
+
+    @staticmethod
+    def kv_cache_write(cache, graph, layer, k_rows, v_rows, positions, n_rows):
+        _caches[cache.key]._store(graph, layer, k_rows, v_rows, positions, n_rows)
+
+
+CoreCacheHooks.kv_cache_write = hookimpl(CoreCacheHooks.kv_cache_write)
 
 
 class KVCache:
@@ -47,6 +81,10 @@ class KVCache:
         self.k = [ctx.buffer(cache_nbytes(self.ctk, n_ctx, n_head_kv, head_dim)) for _ in range(n_layer)]
         self.v = [ctx.buffer(cache_nbytes(self.ctv, n_ctx, n_head_kv, head_dim)) for _ in range(n_layer)]
         self.n_past = 0  # committed positions; the rest of each buffer is stale and never read
+        self.info = CacheInfo(next(_keys), name, n_layer, n_ctx, n_head_kv, head_dim, self.ctk, self.ctv,
+                              self.k_rot, self.v_rot)
+        _caches[self.info.key] = self
+        self._stores = 0
         log.info("%s KV cache: %d layers x %d positions, K %s (rotation %s), V %s (rotation %s)",
                  name, n_layer, n_ctx, self.ctk, f"on, n={self.k_rot}" if self.k_rot else "off",
                  self.ctv, f"on, n={self.v_rot}" if self.v_rot else "off")
@@ -59,11 +97,24 @@ class KVCache:
         rk, rv = get_type(self.ctk).row_bytes(self.row_len), get_type(self.ctv).row_bytes(self.row_len)
         return self.k[layer].view(0, self.n_ctx * rk), self.v[layer].view(0, self.n_ctx * rv)
 
-    # -- the core cache-write hook ------------------------------------------------
+    # -- the one write path: the core cache-write hook ------------------------------
     def write(self, graph, layer: int, k_rows, v_rows, positions, n_rows: int) -> None:
-        """Record: rotate (if that half is quantized) then quantize and store n_rows K and V
-        rows (f32 [n_rows, n_head_kv*head_dim], RoPE already applied to K) at the uint32
-        cache positions in `positions`. The rotation happens in place in k_rows/v_rows."""
+        """Record a write of n_rows K and V rows (f32 [n_rows, n_head_kv*head_dim], RoPE already
+        applied to K) at the uint32 cache positions in `positions`, through the plugin hook so
+        wrappers observe it; the core implementation (_store) must run."""
+        from .plugins import manager
+        if not 0 <= layer < self.n_layer:
+            raise VkdflashError(f"{self.name} cache has layers 0..{self.n_layer - 1}, not {layer}")
+        before = self._stores
+        manager().hook.kv_cache_write(cache=self.info, graph=graph, layer=layer, k_rows=k_rows,
+                                      v_rows=v_rows, positions=positions, n_rows=n_rows)
+        if self._stores != before + 1:
+            raise VkdflashError(f"the core cache-write hook did not run for the {self.name} cache "
+                                "(a plugin wrapper bypassed it)")
+
+    def _store(self, graph, layer: int, k_rows, v_rows, positions, n_rows: int) -> None:
+        """Rotate (where that half is quantized), then quantize and store; in place in k_rows/v_rows."""
+        self._stores += 1
         k_view, v_view = self._views(layer)
         if self.k_rot:
             fwht(graph, k_rows, k_rows, n_rows, self.row_len, self.k_rot)
@@ -86,11 +137,12 @@ class KVCache:
 
     def truncate(self, n: int) -> None:
         """Forget positions >= n (speculation rolls back rejected drafts this way)."""
-        if not 0 <= n <= self.n_past:
-            raise VkdflashError(f"cannot truncate the {self.name} cache to {n}: it holds {self.n_past} positions")
-        self.n_past = n
+        if not 0 <= n <= self.n_ctx:
+            raise VkdflashError(f"cannot truncate the {self.name} cache to {n}: it has {self.n_ctx} positions")
+        self.n_past = min(self.n_past, n)
 
     def destroy(self) -> None:
+        _caches.pop(self.info.key, None)
         for buf in self.k + self.v:
             buf.destroy()
         self.k, self.v = [], []

@@ -1,0 +1,5 @@
+"""Speculative decoding: the strategy API plugins implement, the verifier, the engine loop."""
+from .stats import SpecStats
+from .strategy import KVHandle, Proposal, Strategy, StrategyContext, StrategyOptions
+
+__all__ = ["KVHandle", "Proposal", "SpecStats", "Strategy", "StrategyContext", "StrategyOptions"]

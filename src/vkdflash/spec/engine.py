@@ -1,0 +1,142 @@
+"""The speculative decoding loop: draft with a strategy, verify in one target pass, roll back.
+
+Per step, with `last` the newest token (sampled, not yet in the target cache, at position P):
+  drafts d1..dk <- strategy.propose(last)               (k <= --draft-max, the context, the budget)
+  logits        <- target.forward([last, d1..dk])        (one batched pass, every row's logits)
+  n, next       <- verify(drafts, logits)                (greedy or speculative sampling)
+  target cache truncated to P+1+n; the strategy is told which positions were committed.
+Batch invariance makes the verify pass's logits bit-identical to one-token decoding, so greedy
+output is identical to --spec none. A strategy that raises or proposes invalid tokens is
+switched off for the rest of the request with a one-line warning; generation goes on."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .stats import SpecStats
+from .strategy import Proposal, StrategyContext
+from .verify import verify
+
+log = logging.getLogger("vkdflash")
+
+
+@dataclass
+class TargetView:
+    """The parts of the target a strategy may borrow (weights are read by kernels, never written)."""
+    hparams: object
+    token_embd: object   # Weight
+    output: object       # Weight (the LM head)
+    output_norm: object  # f32 buffer
+    n_ctx: int
+
+    @property
+    def n_vocab(self) -> int:
+        return self.hparams.n_vocab
+
+
+def target_view(model) -> TargetView:
+    return TargetView(model.hp, model.embd, model.output, model.output_norm, model.cache.n_ctx)
+
+
+class Speculator:
+    def __init__(self, model, name: str, factory, options, stats: SpecStats):
+        self.model, self.stats = model, stats
+        self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
+        stats.strategy, stats.draft_max = name, options.draft_max
+        self.strategy = self._guard("start", lambda: factory(self.ctx))
+        self.capture = tuple(getattr(self.strategy, "capture_layers", ())) if self.strategy else ()
+        log.info("speculation: strategy %s, draft max %d, draft p-min %g, captures %s, draft cache K %s V %s",
+                 name, options.draft_max, options.p_min, list(self.capture) or "none",
+                 options.cache_type_k, options.cache_type_v)
+
+    def _guard(self, what: str, call):
+        """Run a strategy call; on any exception switch the strategy off (one line, no traceback)."""
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 -- a plugin must never take generation down
+            self._disable(f"{what} raised {type(exc).__name__}: {exc}".splitlines()[0])
+            return None
+
+    def _disable(self, why: str) -> None:
+        if self.strategy is not None:
+            log.warning("strategy %s switched off for this request: %s", self.stats.strategy, why)
+            self.stats.disabled = why
+            strategy, self.strategy = self.strategy, None
+            try:
+                strategy.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _committed(self, out, start: int, rows: int, tokens: list) -> None:
+        """Hand the newly committed positions' hidden states to the strategy."""
+        c = self.ctx
+        c.tokens = c.tokens + list(tokens)
+        c.new_start = start
+        c.new_hidden = {k: v[:rows] for k, v in out.hidden.items() if isinstance(k, int)}
+        c.new_final = out.hidden["final"][:rows] if "final" in out.hidden else None
+
+    def _propose(self, last: int, max_n: int) -> Proposal:
+        t0 = time.perf_counter()
+        prop = self._guard("propose", lambda: self.strategy.propose(self.ctx, last, max_n))
+        self.stats.draft_seconds += time.perf_counter() - t0
+        if self.strategy is None:
+            return Proposal([])
+        tokens = list(getattr(prop, "tokens", None) or [])
+        n_vocab = self.model.hp.n_vocab
+        if len(tokens) > max_n or not all(isinstance(t, (int, np.integer)) and 0 <= t < n_vocab for t in tokens):
+            self._disable(f"proposed invalid tokens {tokens[:8]!r} (max {max_n}, vocabulary {n_vocab})")
+            return Proposal([])
+        probs = getattr(prop, "probs", None)
+        if probs is not None and np.asarray(probs).shape != (len(tokens), n_vocab):
+            self._disable(f"draft probabilities have shape {np.asarray(probs).shape}, "
+                          f"expected ({len(tokens)}, {n_vocab})")
+            return Proposal([])
+        return Proposal([int(t) for t in tokens], probs)
+
+    def tokens(self, prompt_ids: list, sampler, budget: int, gen_stats):
+        """Yield generated token ids, committing speculatively; `budget` bounds drafting."""
+        model, cache = self.model, self.model.cache
+        model.reset()
+        t0 = time.perf_counter()
+        out = model.forward(prompt_ids, capture=self.capture)
+        gen_stats.prompt_tokens, gen_stats.prompt_seconds = len(prompt_ids), time.perf_counter() - t0
+        if self.strategy is not None:
+            self._committed(out, 0, len(prompt_ids), prompt_ids)
+            self._timed_inject(lambda: self.strategy.begin(self.ctx), "begin")
+        last = sampler.sample(out.logits[-1])
+        emitted = 0
+        while True:
+            yield last
+            emitted += 1
+            pos = cache.n_past  # where `last` goes
+            room = min(budget - emitted - 1, cache.n_ctx - pos - 1)
+            max_n = min(self.stats.draft_max, room) if self.strategy is not None else 0
+            if pos >= cache.n_ctx:
+                return
+            prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
+            t0 = time.perf_counter()
+            out = model.forward([last] + prop.tokens, all_logits=True, capture=self.capture)
+            self.stats.verify_seconds += time.perf_counter() - t0
+            n, nxt = verify(prop.tokens, out.logits, sampler, prop.probs)
+            cache.truncate(pos + 1 + n)
+            self.stats.record(len(prop.tokens), n)
+            if self.strategy is not None:
+                self._committed(out, pos, 1 + n, [last] + prop.tokens[:n])
+                self._timed_inject(lambda: self.strategy.commit(self.ctx), "commit")
+            for t in prop.tokens[:n]:
+                yield t
+                emitted += 1
+            last = nxt
+
+    def _timed_inject(self, call, what: str) -> None:
+        t0 = time.perf_counter()
+        self._guard(what, call)
+        self.stats.inject_seconds += time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self.strategy is not None:
+            self._guard("close", self.strategy.close)
+        self.ctx.close()

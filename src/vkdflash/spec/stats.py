@@ -1,0 +1,52 @@
+"""Speculation statistics with llama.cpp / vLLM definitions (reference.md section 6)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecStats:
+    strategy: str = "none"
+    draft_max: int = 0
+    steps: int = 0              # verify passes that checked at least one draft
+    drafted: int = 0
+    accepted: int = 0
+    per_position: list = field(default_factory=list)  # steps where draft position j was accepted
+    verify_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    inject_seconds: float = 0.0
+    disabled: str = ""          # why the strategy was switched off mid-request, if it was
+
+    def record(self, n_drafted: int, n_accepted: int) -> None:
+        if n_drafted == 0:
+            return
+        self.steps += 1
+        self.drafted += n_drafted
+        self.accepted += n_accepted
+        while len(self.per_position) < n_drafted:
+            self.per_position.append(0)
+        for j in range(n_accepted):
+            self.per_position[j] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted length: 1 + accepted / verify steps."""
+        return 1.0 + self.accepted / self.steps if self.steps else 0.0
+
+    def as_dict(self) -> dict:
+        return {"strategy": self.strategy, "draft_max": self.draft_max, "verify_steps": self.steps,
+                "drafted": self.drafted, "accepted": self.accepted, "acceptance_rate": self.acceptance_rate,
+                "tau": self.tau,
+                "per_position_acceptance": [a / self.steps if self.steps else 0.0 for a in self.per_position],
+                "seconds": {"verify": self.verify_seconds, "draft": self.draft_seconds, "inject": self.inject_seconds},
+                "disabled": self.disabled or None}
+
+    def line(self) -> str:
+        text = (f"spec {self.strategy}: drafted {self.drafted}, accepted {self.accepted} "
+                f"({100 * self.acceptance_rate:.1f}%), tau {self.tau:.2f}, time verify {self.verify_seconds:.2f}s "
+                f"draft {self.draft_seconds:.2f}s inject {self.inject_seconds:.2f}s")
+        return text + (f"; switched off: {self.disabled}" if self.disabled else "")

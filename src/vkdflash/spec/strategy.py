@@ -1,0 +1,144 @@
+"""What a speculative strategy sees and implements (one proposer per method, vLLM-style).
+
+A strategy gets a StrategyContext: the committed tokens, the target hidden states it asked
+for, the target's borrowed embedding / LM head weights, the GPU to run its own kernels on its
+own buffers, and KV handles for its own caches. A KVHandle's only write is the core
+cache-write hook (which rotates and quantizes by the cache's types) and its only other
+operations are the matching read path and truncate: no buffers, ever."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import VkdflashError
+from ..kv_cache import KVCache, _caches
+
+log = logging.getLogger("vkdflash")
+
+
+@dataclass
+class Proposal:
+    """Draft tokens for positions P+1..P+k, P being the position of `last_token`.
+    probs: the draft's distribution for each drafted position [k, n_vocab] when it sampled
+    them; None means the drafts were chosen deterministically (q is one-hot)."""
+    tokens: list
+    probs: np.ndarray | None = None
+
+
+class KVHandle:
+    """A strategy's view of one of its KV caches: write (through the core hook), attend, truncate."""
+    __slots__ = ("_info",)
+
+    def __init__(self, cache: KVCache):
+        # only the cache's description: the cache itself is looked up by key inside the core
+        self._info = cache.info
+
+    def _cache(self) -> KVCache:
+        cache = _caches.get(self._info.key)
+        if cache is None:
+            raise VkdflashError(f"the {self._info.name} cache was closed")
+        return cache
+
+    @property
+    def info(self):
+        """CacheInfo: types, rotation block sizes, shape. No buffers."""
+        return self._info
+
+    def record_write(self, graph, layer: int, k_rows, v_rows, positions, n_rows: int) -> None:
+        """Record a write of f32 rows (device views; rotated in place when the type says so) at
+        the uint32 positions in a device view, into `graph`."""
+        self._cache().write(graph, layer, k_rows, v_rows, positions, n_rows)
+
+    def write(self, gpu, layer: int, k_rows, v_rows, positions) -> None:
+        """Write now: host or device f32 rows [n, n_head_kv*head_dim] at host positions."""
+        from ..runtime.graph import Graph
+        pos = np.asarray(positions, np.int64).reshape(-1)
+        n, width = pos.size, self._info.n_head_kv * self._info.head_dim
+        if n == 0:
+            return
+        if pos.min() < 0 or pos.max() >= self._info.n_ctx:
+            raise VkdflashError(f"{self._info.name} cache position {int(pos.max())} outside 0..{self._info.n_ctx - 1}")
+        bufs = []
+        views = []
+        for rows in (k_rows, v_rows):
+            if isinstance(rows, np.ndarray):
+                rows = np.ascontiguousarray(rows, np.float32)
+                if rows.shape != (n, width):
+                    raise VkdflashError(f"cache rows must be [{n}, {width}] f32, got {rows.shape}")
+                rows = gpu.upload(rows)
+                bufs.append(rows)
+            views.append(rows)
+        pbuf = gpu.upload(pos.astype(np.uint32))
+        g = Graph(gpu)
+        self._cache().write(g, layer, views[0], views[1], pbuf, n)
+        g.run()
+        g.destroy()
+        for b in bufs + [pbuf]:
+            b.destroy()
+
+    def attend(self, graph, layer: int, q, out, params, n_q: int, n_head: int, mask: str = "causal") -> None:
+        """Record attention over this cache (the read path: Q rotated, output un-rotated)."""
+        self._cache().attend(graph, layer, q, out, params, n_q, n_head, mask)
+
+    def truncate(self, n: int) -> None:
+        self._cache().truncate(n)
+
+
+@dataclass
+class StrategyOptions:
+    draft_model: str | None = None      # -md FILE
+    draft_max: int = 16                 # --draft-max
+    p_min: float = 0.0                  # --draft-p-min
+    cache_type_k: str = "f16"           # -ctkd
+    cache_type_v: str = "f16"           # -ctvd
+    rotate: bool = True                 # --no-kv-rotation turns it off for draft caches too
+
+
+@dataclass
+class StrategyContext:
+    gpu: object                         # runtime Context: run kernels on your own buffers
+    target: object                      # TargetView (hparams, token_embd, output, output_norm, n_ctx)
+    options: StrategyOptions
+    tokens: list = field(default_factory=list)   # committed token ids (a copy; do not rely on mutating it)
+    new_start: int = 0                  # position of the first row in new_hidden / new_final
+    new_hidden: dict = field(default_factory=dict)  # layer-input id -> [n_new, d] for newly committed positions
+    new_final: np.ndarray | None = None  # [n_new, d]: target hidden state after output_norm
+    new_prenorm: np.ndarray | None = None  # [n_new, d]: leaving the last block, before output_norm
+    _caches: list = field(default_factory=list)
+
+    def create_kv_cache(self, n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int | None = None,
+                        name: str = "draft") -> KVHandle:
+        """A KV cache in the draft cache types (-ctkd/-ctvd), rotated like every other cache."""
+        cache = KVCache(self.gpu, n_layer, n_ctx or self.target.n_ctx, n_head_kv, head_dim,
+                        self.options.cache_type_k, self.options.cache_type_v, self.options.rotate, name)
+        self._caches.append(cache)
+        return KVHandle(cache)
+
+    def close(self) -> None:
+        for cache in self._caches:
+            cache.destroy()
+        self._caches.clear()
+
+
+class Strategy:
+    """Base of every proposer. Override what you need; the engine calls, in order:
+    begin(ctx) once after the prompt is committed (ctx.new_* cover positions 0..P-1), then
+    per step propose(ctx, last_token, max_n) and, after verification, commit(ctx) with ctx.new_*
+    covering the positions just committed. close() at the end."""
+
+    name = "base"
+    capture_layers: tuple = ()   # target layer-input ids whose residual stream this strategy reads
+
+    def begin(self, ctx: StrategyContext) -> None:
+        pass
+
+    def propose(self, ctx: StrategyContext, last_token: int, max_n: int) -> Proposal:
+        raise NotImplementedError
+
+    def commit(self, ctx: StrategyContext) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,39 @@
+"""The verifier: decides which drafted tokens the target accepts (separate from every proposer).
+
+Greedy: accept the longest prefix where each draft equals the target's argmax, then append
+the target's own next token. Sampling (T > 0): standard speculative sampling -- accept d with
+probability min(1, p(d)/q(d)), else draw from the normalised residual max(p - q, 0) -- so the
+output is distributed exactly as the target's own sampling (reference.md section 6)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def verify(drafts: list[int], logits: np.ndarray, sampler, draft_probs: np.ndarray | None = None):
+    """logits: target logits for [last, d1..dk] (k+1 rows). Returns (n_accepted, next_token)."""
+    k = len(drafts)
+    if sampler.greedy:
+        target = np.argmax(logits[:k + 1], axis=1)
+        n = 0
+        while n < k and drafts[n] == int(target[n]):
+            n += 1
+        return n, int(target[n])
+    for i, d in enumerate(drafts):
+        p = sampler.probs(logits[i])
+        q = _draft_q(draft_probs, i, d, p.size)
+        if q[d] > 0 and sampler.rng.random() < min(1.0, p[d] / q[d]):
+            continue
+        residual = np.maximum(p - q, 0.0)
+        if residual.sum() <= 0:  # p == q exactly: any draw from p is right
+            residual = p
+        return i, sampler.draw(residual)
+    return k, sampler.draw(sampler.probs(logits[k]))
+
+
+def _draft_q(draft_probs, i: int, d: int, n_vocab: int) -> np.ndarray:
+    if draft_probs is None:  # a deterministic draft: q is one-hot on the drafted token
+        q = np.zeros(n_vocab)
+        q[d] = 1.0
+        return q
+    q = np.asarray(draft_probs[i], np.float64)
+    return q / q.sum()
