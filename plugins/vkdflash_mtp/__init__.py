@@ -1,0 +1,1 @@
+"""MTP next-n head drafting (being built)."""
