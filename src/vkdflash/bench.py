@@ -91,3 +91,32 @@ def model(m, n_prompt: int, n_gen: int) -> dict:
     return {"device": m.ctx.features.name, "model": m.hp.arch, "weights": m.weight_types(),
             "cache": m.cache.describe(), "n_prompt": n_prompt, "n_gen": n_gen,
             "prefill_tps": n_prompt / prefill, "decode_tps": n_gen / decode}
+
+
+SPEC_PROMPT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+               "def factorial(n):\n")
+
+
+def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator) -> dict:
+    """Greedy generation without and with speculation, side by side; outputs must be identical."""
+    from .generate import Stats, generate
+    from .sampling import Sampler
+    from .spec import SpecStats
+    ids = tokenizer.encode(prompt or SPEC_PROMPT, add_special=True)
+    runs = {}
+    for label in ("warmup", "none", "spec"):
+        stats, spec_stats = Stats(), SpecStats()
+        speculator = make_speculator(spec_stats) if label != "none" else None
+        t0 = time.perf_counter()
+        for _ in generate(m, tokenizer, ids, n_gen, Sampler(temp=0.0), (), stats, speculator):
+            pass
+        seconds = time.perf_counter() - t0
+        if speculator is not None:
+            speculator.close()
+        runs[label] = {"tokens": stats.tokens, "seconds": seconds, "decode_tps": stats.generated_tokens / seconds,
+                       "stats": spec_stats.as_dict() if speculator is not None else None}
+    none, sp = runs["none"], runs["spec"]
+    return {"device": m.ctx.features.name, "model": m.hp.arch, "n_gen": n_gen, "prompt_tokens": len(ids),
+            "none_tps": none["decode_tps"], "spec_tps": sp["decode_tps"],
+            "speedup": sp["decode_tps"] / none["decode_tps"], "identical_output": none["tokens"] == sp["tokens"],
+            "spec": sp["stats"]}

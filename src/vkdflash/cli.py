@@ -8,6 +8,7 @@ import sys
 import click
 
 from .errors import VkdflashError
+from .cli_spec import build_speculator, resolve_spec, spec_options
 from .kernels.types import CACHE_TYPES
 
 log = logging.getLogger("vkdflash")
@@ -158,8 +159,10 @@ def open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device):
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template as a user message.")
 @click.option("--system", default=None, help="System message for --chat.")
 @model_options
+@spec_options
 def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, stops, chat, system,
-             model_path, n_ctx, ctk, ctv, no_kv_rotation, device) -> None:
+             model_path, n_ctx, ctk, ctv, no_kv_rotation, device,
+             spec, spec_type, draft_model, draft_max, draft_p_min, ctkd, ctvd) -> None:
     """Generate text from a prompt, streamed, ending with a stats line."""
     from .chat import ChatTemplate, chat_prompt_ids
     from .generate import Stats, generate as run
@@ -180,13 +183,41 @@ def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, sto
     sampler = Sampler(temp, top_k, top_p, min_p, None if seed < 0 else seed)
     log.info("sampling: %s", "greedy" if sampler.greedy else
              f"temp {temp}, top-k {top_k}, top-p {top_p}, min-p {min_p}, seed {seed}")
-    stats = Stats()
+    from .spec import SpecStats
+    stats, spec_stats = Stats(), SpecStats()
+    name = resolve_spec(spec, spec_type, draft_model)
+    speculator = build_speculator(model, name, draft_model, draft_max, draft_p_min, ctkd, ctvd,
+                                  not no_kv_rotation, spec_stats)
     if not chat:
         click.echo(text, nl=False)
-    for piece in run(model, tok, ids, n_predict, sampler, stops, stats):
-        click.echo(piece, nl=False)
+    try:
+        for piece in run(model, tok, ids, n_predict, sampler, stops, stats, speculator):
+            click.echo(piece, nl=False)
+    finally:
+        if speculator is not None:
+            speculator.close()
     click.echo()
     click.echo(stats.line(), err=True)
+    if speculator is not None:
+        click.echo(spec_stats.line(), err=True)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def plugins(as_json: bool) -> None:
+    """List loaded plugins (name, version, hooks) and the strategies they register."""
+    from .plugins import plugin_list, strategies
+    found = strategies()
+    listing = [dict(p, strategies=sorted(n for n, (_, _, owner) in found.items() if owner == p["name"]))
+               for p in plugin_list()]
+    if as_json:
+        click.echo(json.dumps(listing, indent=1))
+        return
+    for p in listing:
+        click.echo(f"{p['name']} {p['version'] or ''}: hooks {', '.join(p['hooks']) or '-'}; "
+                   f"strategies {', '.join(p['strategies']) or '-'}")
+    for name, (_, desc, _) in sorted(found.items()):
+        click.echo(f"  --spec {name}: {desc}")
 
 
 @main.group()
@@ -224,6 +255,32 @@ def bench_model(n_prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_r
     from .bench import model as bench_run
     model, tok = open_model(model_path, max(n_ctx, n_prompt + n_gen + 1), ctk, ctv, no_kv_rotation, device)
     report = bench_run(model, n_prompt, n_gen)
+    text = json.dumps(report, indent=1)
+    click.echo(text)
+    if json_path:
+        with open(json_path, "w") as f:
+            f.write(text + "\n")
+
+
+@bench.command("spec")
+@click.option("-p", "--prompt", default=None, help="Prompt (default: a code snippet with repetition).")
+@click.option("-n", "--n-gen", default=64, show_default=True, type=click.IntRange(1, 1 << 16),
+              help="Tokens to generate (greedy) in each run.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, writable=True),
+              help="Write the figures to this JSON file (also printed).")
+@model_options
+@spec_options
+def bench_spec(prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_rotation, device,
+               spec, spec_type, draft_model, draft_max, draft_p_min, ctkd, ctvd) -> None:
+    """Greedy tok/s with a strategy next to --spec none in the same run, and the speedup."""
+    from .bench import spec as bench_run
+    name = resolve_spec(spec, spec_type, draft_model)
+    if name == "none":
+        name = "ngram"  # something to compare with when no draft model is given
+    model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
+    make = lambda stats: build_speculator(model, name, draft_model, draft_max, draft_p_min,  # noqa: E731
+                                          ctkd, ctvd, not no_kv_rotation, stats)
+    report = bench_run(model, tok, prompt, n_gen, make)
     text = json.dumps(report, indent=1)
     click.echo(text)
     if json_path:
