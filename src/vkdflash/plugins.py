@@ -44,6 +44,13 @@ def manager() -> pluggy.PluginManager:
     return _manager
 
 
+def reset() -> None:
+    """Forget the loaded plugins (the next manager() reloads, honouring VKDFLASH_PLUGINS)."""
+    global _manager
+    _manager = None
+    _versions.clear()
+
+
 def plugin_list() -> list[dict]:
     """name, version and implemented hooks of every loaded plugin (the core's own hooks excluded)."""
     pm = manager()

@@ -46,6 +46,7 @@ class Speculator:
         self.model, self.stats = model, stats
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
+        self.strategy = None
         self.strategy = self._guard("start", lambda: factory(self.ctx))
         self.capture = tuple(getattr(self.strategy, "capture_layers", ())) if self.strategy else ()
         log.info("speculation: strategy %s, draft max %d, draft p-min %g, captures %s, draft cache K %s V %s",
@@ -61,10 +62,12 @@ class Speculator:
             return None
 
     def _disable(self, why: str) -> None:
-        if self.strategy is not None:
-            log.warning("strategy %s switched off for this request: %s", self.stats.strategy, why)
-            self.stats.disabled = why
-            strategy, self.strategy = self.strategy, None
+        if self.stats.disabled:
+            return
+        log.warning("strategy %s switched off for this request: %s", self.stats.strategy, why)
+        self.stats.disabled = why
+        strategy, self.strategy = self.strategy, None
+        if strategy is not None:
             try:
                 strategy.close()
             except Exception:  # noqa: BLE001

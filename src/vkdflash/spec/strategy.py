@@ -16,6 +16,7 @@ from ..errors import VkdflashError
 from ..kv_cache import KVCache, _caches
 
 log = logging.getLogger("vkdflash")
+_owned: dict[int, list] = {}  # id(StrategyContext) -> its caches: kept off the context itself
 
 
 @dataclass
@@ -105,21 +106,19 @@ class StrategyContext:
     new_start: int = 0                  # position of the first row in new_hidden / new_final
     new_hidden: dict = field(default_factory=dict)  # layer-input id -> [n_new, d] for newly committed positions
     new_final: np.ndarray | None = None  # [n_new, d]: target hidden state after output_norm
-    new_prenorm: np.ndarray | None = None  # [n_new, d]: leaving the last block, before output_norm
-    _caches: list = field(default_factory=list)
+
 
     def create_kv_cache(self, n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int | None = None,
                         name: str = "draft") -> KVHandle:
         """A KV cache in the draft cache types (-ctkd/-ctvd), rotated like every other cache."""
         cache = KVCache(self.gpu, n_layer, n_ctx or self.target.n_ctx, n_head_kv, head_dim,
                         self.options.cache_type_k, self.options.cache_type_v, self.options.rotate, name)
-        self._caches.append(cache)
+        _owned.setdefault(id(self), []).append(cache)
         return KVHandle(cache)
 
     def close(self) -> None:
-        for cache in self._caches:
+        for cache in _owned.pop(id(self), []):
             cache.destroy()
-        self._caches.clear()
 
 
 class Strategy:

@@ -1,0 +1,189 @@
+"""The speculative engine: losslessness, oracle acceptance, statistics, fault isolation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gguf_fixtures import write_model
+from vkdflash.generate import Stats, generate
+from vkdflash.model import load_model
+from vkdflash.model.forward import Model
+from vkdflash.sampling import Sampler
+from vkdflash.spec import Proposal, SpecStats, Strategy, StrategyOptions
+from vkdflash.spec.engine import Speculator
+from vkdflash.spec.verify import verify
+from vkdflash.tokenizer import Tokenizer
+from vkdflash_ngram import PromptLookup
+
+PROMPT = [5, 17, 3, 42, 8, 23, 11, 2, 30, 7, 19, 4, 5, 17, 3]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory, request):
+    from conftest import context_for, DEVICES
+    path = write_model(tmp_path_factory.mktemp("spec") / "t.gguf", "llama", n_embd=128, n_ff=256, n_head=2,
+                       n_head_kv=1, head_dim=64, seed=5)
+    mf = load_model(path)
+    model = Model(context_for(DEVICES[0].index), mf, n_ctx=128)
+    yield model, Tokenizer(mf.metadata)
+    model.close()
+
+
+def run(model, tok, factory=None, n=24, draft_max=8, sampler=None, name="test"):
+    stats, spec_stats = Stats(), SpecStats()
+    speculator = None
+    if factory is not None:
+        speculator = Speculator(model, name, factory, StrategyOptions(draft_max=draft_max), spec_stats)
+    sampler = sampler or Sampler(temp=0.0)
+    list(generate(model, tok, PROMPT, n, sampler, (), stats, speculator))
+    if speculator is not None:
+        speculator.close()
+    return stats.tokens, spec_stats
+
+
+class Oracle(Strategy):
+    """Drafts the target's own greedy continuation, optionally corrupting draft position k."""
+
+    def __init__(self, reference: list, corrupt: int | None = None):
+        self.reference, self.corrupt = reference, corrupt
+
+    def propose(self, ctx, last_token, max_n):
+        done = len(ctx.tokens) - len(PROMPT) + 1  # generated tokens including last_token
+        drafts = list(self.reference[done:done + max_n])
+        if self.corrupt is not None and self.corrupt < len(drafts):
+            drafts[self.corrupt] = (drafts[self.corrupt] + 1) % 200
+        return Proposal(drafts)
+
+
+def test_oracle_is_accepted_completely(target):
+    model, tok = target
+    plain, _ = run(model, tok)
+    got, stats = run(model, tok, lambda ctx: Oracle(plain))
+    assert got == plain
+    assert stats.drafted > 0 and stats.accepted == stats.drafted
+    assert stats.tau == pytest.approx(1 + stats.accepted / stats.steps)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_corrupted_position_gives_exactly_predicted_acceptance(target, k):
+    model, tok = target
+    plain, _ = run(model, tok)
+    got, stats = run(model, tok, lambda ctx: Oracle(plain, corrupt=k), draft_max=6)
+    assert got == plain
+    # every step accepts exactly min(k, drafted) tokens and then takes the target's own token
+    n, steps, accepted, per_pos = len(plain), 0, 0, [0] * 6
+    emitted = 1
+    while emitted < n:
+        drafted = min(6, n - emitted - 1)
+        if drafted > 0:
+            a = min(k, drafted)
+            steps, accepted = steps + 1, accepted + a
+            for j in range(a):
+                per_pos[j] += 1
+        else:
+            a = 0
+        emitted += a + 1
+    assert (stats.steps, stats.accepted) == (steps, accepted)
+    assert stats.per_position[:k] == per_pos[:k] and not any(stats.per_position[k:])
+
+
+@pytest.mark.parametrize("draft_max", [1, 2, 5, 15])
+def test_ngram_greedy_is_identical_to_plain(target, draft_max):
+    model, tok = target
+    plain, _ = run(model, tok, n=32)
+    got, stats = run(model, tok, PromptLookup, n=32, draft_max=draft_max)
+    assert got == plain
+    assert stats.steps > 0
+
+
+class Raises(Strategy):
+    def propose(self, ctx, last_token, max_n):
+        if len(ctx.tokens) > len(PROMPT) + 3:
+            raise RuntimeError("boom\nsecond line")
+        return Proposal([1])
+
+
+class Invalid(Strategy):
+    def __init__(self, bad):
+        self.bad = bad
+
+    def propose(self, ctx, last_token, max_n):
+        return Proposal(self.bad(max_n))
+
+
+@pytest.mark.parametrize("factory", [
+    lambda ctx: Raises(),
+    lambda ctx: Invalid(lambda n: [10 ** 6]),
+    lambda ctx: Invalid(lambda n: [1] * (n + 1)),
+    lambda ctx: Invalid(lambda n: ["a"]),
+    lambda ctx: 1 / 0,
+], ids=["raises", "out-of-vocab", "too-many", "not-int", "factory-raises"])
+def test_faulty_strategy_is_switched_off_and_output_stays_correct(target, factory, caplog):
+    model, tok = target
+    plain, _ = run(model, tok)
+    got, stats = run(model, tok, factory)
+    assert got == plain
+    assert stats.disabled and "\n" not in stats.disabled
+    assert any("switched off" in r.getMessage() for r in caplog.records)
+
+
+def test_verifier_greedy_prefix():
+    logits = np.zeros((4, 10))
+    for row, best in enumerate([3, 5, 7, 9]):
+        logits[row, best] = 1.0
+    assert verify([3, 5, 7], logits, Sampler(temp=0)) == (3, 9)
+    assert verify([3, 6, 7], logits, Sampler(temp=0)) == (1, 5)
+    assert verify([], logits[:1], Sampler(temp=0)) == (0, 3)
+
+
+@pytest.mark.parametrize("draft_kind", ["one-hot", "distribution"])
+def test_speculative_sampling_reproduces_target_distribution(draft_kind):
+    """Chi-square: the first emitted token of a verify step is distributed as the target's p,
+    whatever the draft proposed and with what q (small vocabulary, seeded)."""
+    r = np.random.default_rng(0)
+    vocab, trials = 6, 20000
+    logits = r.normal(size=(2, vocab)) * 1.5
+    sampler = Sampler(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1)
+    p = sampler.probs(logits[0])
+    q = r.dirichlet(np.ones(vocab))
+    counts = np.zeros(vocab)
+    for _ in range(trials):
+        if draft_kind == "one-hot":
+            d, probs = 2, None
+        else:
+            d = int(sampler.rng.choice(vocab, p=q))
+            probs = q[None, :]
+        n, nxt = verify([d], logits, sampler, probs)
+        counts[d if n == 1 else nxt] += 1
+    expected = p * trials
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 20.5  # chi-square, 5 degrees of freedom, p = 0.001
+    # and it would fail for a verifier that always accepted the one-hot draft
+    assert ((np.eye(vocab)[2] * trials - expected) ** 2 / expected).sum() > 20.5
+
+
+@pytest.mark.slow
+def test_end_to_end_sampling_matches_plain_distribution(target):
+    """T > 0: the second generated token's distribution with an always-drafting strategy equals
+    plain sampling's (chi-square over the most frequent tokens, seeded)."""
+    model, tok = target
+
+    class Fixed(Strategy):
+        def propose(self, ctx, last_token, max_n):
+            return Proposal([7][:max_n])
+
+    def second_tokens(factory, seed):
+        out = []
+        for i in range(300):
+            got, _ = run(model, tok, factory, n=2, sampler=Sampler(temp=1.5, top_k=0, top_p=1.0, min_p=0.0,
+                                                                   seed=seed + i))
+            out.append(got[1] if len(got) > 1 else 10 ** 4)  # stopped early (EOS): its own category
+        return np.array(out)
+
+    a, b = second_tokens(None, 0), second_tokens(lambda ctx: Fixed(), 10_000)
+    top = np.argsort(-np.bincount(np.concatenate([a, b])))[:5]
+    ca = np.array([np.sum(a == t) for t in top] + [np.sum(~np.isin(a, top))])
+    cb = np.array([np.sum(b == t) for t in top] + [np.sum(~np.isin(b, top))])
+    pooled = (ca + cb) / 2
+    chi2 = float((((ca - pooled) ** 2 + (cb - pooled) ** 2) / np.maximum(pooled, 1)).sum())
+    assert chi2 < 20.5
