@@ -1,0 +1,156 @@
+"""Plugin system: entry points, VKDFLASH_PLUGINS, the documented hooks, the core cache-write hook."""
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from vkdflash import hookspecs, plugins
+from vkdflash.cli import main
+from vkdflash.errors import VkdflashError
+from vkdflash.hookspecs import hookimpl
+from vkdflash.kv_cache import KVCache
+from vkdflash.runtime.memory import Buffer
+from vkdflash.spec.engine import TargetView
+from vkdflash.spec.strategy import KVHandle, StrategyContext, StrategyOptions
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "plugins.md"
+HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
+         if hasattr(fn, "vkdflash_spec")]
+
+
+@pytest.fixture(autouse=True)
+def fresh_manager():
+    plugins.reset()
+    yield
+    plugins.reset()
+
+
+def test_every_hook_is_documented_with_its_exact_signature():
+    docs = DOCS.read_text()
+    assert HOOKS == ["kv_cache_write", "register_strategies"]
+    for name in HOOKS:
+        params = ", ".join(inspect.signature(getattr(hookspecs, name)).parameters)
+        assert f"### {name}({params})" in docs, name
+        assert getattr(hookspecs, name).__doc__
+
+
+def test_builtin_strategies_load_through_entry_points():
+    found = plugins.strategies()
+    assert {"ngram", "dflash", "mtp"} <= set(found)
+    assert found["ngram"][2] == "ngram"
+
+
+def test_vkdflash_plugins_restricts_what_loads(monkeypatch):
+    monkeypatch.setenv("VKDFLASH_PLUGINS", "ngram")
+    assert [p["name"] for p in plugins.plugin_list()] == ["ngram"]
+    plugins.reset()
+    monkeypatch.setenv("VKDFLASH_PLUGINS", "")
+    assert plugins.plugin_list() == [] and plugins.strategies() == {}
+
+
+def test_plugins_cli_lists_name_version_hooks():
+    res = CliRunner().invoke(main, ["plugins", "--json"])
+    assert res.exit_code == 0, res.output
+    listing = {p["name"]: p for p in json.loads(res.output)}
+    assert listing["ngram"]["hooks"] == ["register_strategies"] and listing["ngram"]["version"]
+    assert "ngram" in listing["ngram"]["strategies"]
+
+
+def test_registered_plugin_adds_a_strategy_then_unregisters():
+    class Extra:
+        @staticmethod
+        @hookimpl
+        def register_strategies(register):
+            register("extra", lambda ctx: None, "test")
+    pm = plugins.manager()
+    pm.register(Extra, name="extra")
+    assert "extra" in plugins.strategies()
+    pm.unregister(name="extra")
+    assert "extra" not in plugins.strategies()
+
+
+def test_duplicate_strategy_name_is_an_error():
+    class Dup:
+        @staticmethod
+        @hookimpl
+        def register_strategies(register):
+            register("ngram", lambda ctx: None)
+    plugins.manager().register(Dup, name="dup")
+    with pytest.raises(VkdflashError, match="registered twice"):
+        plugins.strategies()
+
+
+def _rows(ctx, n, width):
+    r = np.random.default_rng(0)
+    return ctx.upload(r.uniform(-1, 1, (n, width)).astype(np.float32))
+
+
+def test_wrappers_observe_every_write_and_cannot_bypass_the_core(ctx0):
+    seen = []
+
+    class Observer:
+        @staticmethod
+        @hookimpl(wrapper=True)
+        def kv_cache_write(cache, graph, layer, k_rows, v_rows, positions, n_rows):
+            seen.append((cache.name, layer, n_rows, cache.k_rotation))
+            return (yield)
+
+    pm = plugins.manager()
+    pm.register(Observer, name="observer")
+    cache = KVCache(ctx0, 2, 16, 1, 64, "q8_0", "q4_0", name="probe")
+    handle = KVHandle(cache)
+    r = np.random.default_rng(1)
+    handle.write(ctx0, 1, r.uniform(-1, 1, (3, 64)).astype(np.float32),
+                 r.uniform(-1, 1, (3, 64)).astype(np.float32), [4, 5, 6])
+    assert seen == [("probe", 1, 3, 64)]
+    pm.unregister(name="observer")
+    # without the core's implementation a write is refused, never silently skipped
+    core = pm.unregister(name="core")
+    try:
+        with pytest.raises(VkdflashError, match="core cache-write hook did not run"):
+            handle.write(ctx0, 0, np.zeros((1, 64), np.float32), np.zeros((1, 64), np.float32), [0])
+    finally:
+        pm.register(core, name="core")
+    cache.destroy()
+
+
+def _reachable(root, depth=6):
+    """Every object reachable from root through attributes, slots, lists and dicts."""
+    seen, todo, out = set(), [(root, 0)], []
+    while todo:
+        obj, d = todo.pop()
+        if id(obj) in seen or d > depth or isinstance(obj, (str, bytes, int, float, type(None), np.ndarray)):
+            continue
+        seen.add(id(obj))
+        out.append(obj)
+        children = []
+        if isinstance(obj, dict):
+            children = list(obj.values())
+        elif isinstance(obj, (list, tuple, set)):
+            children = list(obj)
+        else:
+            children = list(getattr(obj, "__dict__", {}).values())
+            children += [getattr(obj, s) for s in getattr(type(obj), "__slots__", ()) if hasattr(obj, s)]
+        todo += [(c, d + 1) for c in children]
+    return out
+
+
+def test_a_strategy_cannot_reach_cache_buffers(ctx0):
+    """From what a strategy is handed (its context minus the GPU runtime, and its handles),
+    no KV cache and no cache buffer is reachable; the handle's public surface is write, attend,
+    truncate and info."""
+    target = TargetView(hparams=None, token_embd=None, output=None, output_norm=None, n_ctx=16)
+    sctx = StrategyContext(gpu=ctx0, target=target, options=StrategyOptions(cache_type_k="q4_0"))
+    handle = sctx.create_kv_cache(1, 1, 64)
+    public = sorted(n for n in dir(handle) if not n.startswith("_"))
+    assert public == ["attend", "info", "record_write", "truncate", "write"]
+    objects = _reachable([handle, {k: v for k, v in vars(sctx).items() if k != "gpu"}])
+    assert not any(isinstance(o, (KVCache, Buffer)) for o in objects)
+    assert not re.search(r"buffer|memory", " ".join(f.name for f in type(handle.info).__dataclass_fields__.values()))
+    sctx.close()
