@@ -1,0 +1,278 @@
+"""DFlash: the llama.cpp-format draft loader, the GPU proposer against the numpy pipeline (quantized
+draft caches included, with a control that reproduces llama.cpp issue 25725), and greedy
+generation with --spec dflash identical to --spec none."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from dflash_fixtures import write_dflash
+from gguf_fixtures import DROP, write_model
+from gguf import GGUFValueType as VT
+from vkdflash.conformance import nmse
+from vkdflash.errors import VkdflashError
+from vkdflash.generate import Stats, plain_tokens
+from vkdflash.model import load_model
+from vkdflash.model.forward import Model
+from vkdflash.plugins import strategies
+from vkdflash.ref.dflash import RefDFlash, top1_probability
+from vkdflash.ref.model import RefModel, RefWeights
+from vkdflash.sampling import Sampler
+from vkdflash.spec import SpecStats, StrategyContext, StrategyOptions
+from vkdflash.spec.engine import Speculator, target_view
+from vkdflash_dflash import factory
+from vkdflash_dflash.draft_file import load_draft
+
+PROMPT = [5, 17, 3, 42, 8, 23, 11, 2, 30, 7]
+# a fixed committed continuation, and how many drafts each step "accepts" (0..3)
+SEQUENCE = [19, 4, 100, 200, 33, 12, 9, 50, 60, 70, 80, 90, 91, 92, 93, 94, 95]
+ACCEPTS = [0, 2, 1, 3, 0, 1]
+NMSE_DRAFT = 1e-6  # GPU drafter vs numpy drafter logits (measured ~1e-13, 2e-9 with a quant-step flip)
+CACHE_TYPES = ["f16", "q8_0", "q4_0", "iq4_nl"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dflash")
+    # head_dim 64: the smallest the rotation applies to
+    target = write_model(d / "target.gguf", "llama", n_embd=128, n_ff=256, n_head=2, n_head_kv=1, head_dim=64,
+                         seed=3)
+    return {"dir": d, "target": target, "draft": write_dflash(d / "draft.gguf", target)}
+
+
+@pytest.fixture(scope="module")
+def target(files):
+    return load_model(files["target"])
+
+
+@pytest.fixture(scope="module")
+def ref_weights(target):
+    return RefWeights(target)
+
+
+def strategy_ctx(ctx, model, draft, **options):
+    return StrategyContext(gpu=ctx, target=target_view(model),
+                           options=StrategyOptions(draft_model=str(draft), **options))
+
+
+# -- plugin and loader -----------------------------------------------------------------------------
+
+def test_registered_through_the_entry_point():
+    found = strategies()
+    assert "dflash" in found
+    assert found["dflash"][0] is factory and found["dflash"][2] == "dflash"
+
+
+def test_loader_reads_llama_cpp_keys(files, target):
+    d = load_draft(files["draft"], target.hparams)
+    hp = d.hp
+    assert (hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff) == (2, 128, 2, 1, 64, 256)
+    assert hp.block_size == 16 and hp.target_layers == (1, 2) and hp.mask_token_id == 0
+    assert hp.n_features == 256 and not hp.own_embd and not hp.own_output
+    assert hp.rms_eps == pytest.approx(1e-6) and hp.rope_base == 1e6
+    d.close()
+
+
+def test_block_size_defaults_to_16(files, target):
+    path = write_dflash(files["dir"] / "nobs.gguf", files["target"], metadata={"dflash.block_size": DROP})
+    assert load_draft(path, target.hparams).hp.block_size == 16
+
+
+REJECT = {
+    "hidden size": (dict(n_embd=64), "draft hidden size 64 does not match the target's 128"),
+    "mask id": (dict(mask_token_id=5000), "mask token id 5000 is outside the target vocabulary"),
+    "own embedding rows": (dict(own_embd=True, n_vocab=200), "draft token_embd.weight has 200 rows"),
+    "own output rows": (dict(own_output=True, n_vocab=300), "draft output.weight has 300 rows"),
+    "target layer": (dict(target_layers=(1, 3)), "target layer 3 does not exist"),
+    "negative target layer": (dict(target_layers=(-1, 2)), "target layer -1 does not exist"),
+    "no target_layers": (dict(metadata={"dflash.target_layers": DROP}), "missing metadata key dflash.target_layers"),
+    "float target_layers": (dict(metadata={"dflash.target_layers": ([1.0, 2.0], VT.ARRAY, VT.FLOAT32)}),
+                            "dflash.target_layers must be a non-empty array of integers"),
+    "no mask id": (dict(metadata={"tokenizer.ggml.mask_token_id": DROP}),
+                   "missing metadata key tokenizer.ggml.mask_token_id"),
+    "no block_count": (dict(metadata={"dflash.block_count": DROP}), "missing metadata key dflash.block_count"),
+    "no eps": (dict(metadata={"dflash.attention.layer_norm_rms_epsilon": DROP}),
+               "missing metadata key dflash.attention.layer_norm_rms_epsilon"),
+    "architecture": (dict(metadata={"general.architecture": ("llama", VT.STRING)}), "a DFlash draft has 'dflash'"),
+    "missing tensor": (dict(drop_tensors=("blk.1.attn_k_norm.weight",)), "missing tensor blk.1.attn_k_norm.weight"),
+    "missing fc": (dict(drop_tensors=("fc.weight",)), "missing tensor fc.weight"),
+    "wrong shape": (dict(shapes={"blk.0.attn_q.weight": (128, 64)}), "tensor blk.0.attn_q.weight has shape [128, 64]"),
+    "wrong fc shape": (dict(shapes={"fc.weight": (384, 128)}), "tensor fc.weight has shape [384, 128]"),
+}
+
+
+@pytest.mark.parametrize("case", list(REJECT))
+def test_loader_rejects_with_one_line(files, target, case):
+    kwargs, message = REJECT[case]
+    path = write_dflash(files["dir"] / f"bad-{case.replace(' ', '_')}.gguf", files["target"], **kwargs)
+    with pytest.raises(VkdflashError) as exc:
+        load_draft(path, target.hparams)
+    text = str(exc.value)
+    assert message in text and str(path) in text and "\n" not in text
+
+
+def test_factory_needs_a_draft_model(ctx0, target):
+    m = Model(ctx0, target, n_ctx=32)
+    ctx = StrategyContext(gpu=ctx0, target=target_view(m), options=StrategyOptions())
+    with pytest.raises(VkdflashError, match=r"^dflash needs a draft model: -md FILE$"):
+        factory(ctx)
+    m.close()
+
+
+# -- the GPU proposer against the numpy pipeline ---------------------------------------------------
+
+def drive(ctx0, target, ref_weights, draft_path, ctype, max_n=8, p_min=0.0, steps=ACCEPTS):
+    """Run the GPU strategy and numpy pipelines (correct and, for quantized caches, the llama.cpp
+    bug) over propose/commit cycles on the same target features. Yields per step
+    (gpu tokens, gpu logits, ref tokens, ref logits, bug tokens, bug logits)."""
+    model = Model(ctx0, target, n_ctx=64)
+    sctx = strategy_ctx(ctx0, model, draft_path, draft_max=max_n, p_min=p_min, cache_type_k=ctype,
+                        cache_type_v=ctype)
+    s = factory(sctx)
+    draft = load_draft(draft_path, target.hparams)
+    ref = RefDFlash(draft, ref_weights, ctype, ctype)
+    bug = RefDFlash(draft, ref_weights, ctype, ctype, inject_rotated=False)
+    tgt = RefModel(ref_weights, n_ctx=64)
+    layers = draft.hp.target_layers
+    out = tgt.forward(PROMPT, capture_layers=layers)
+    sctx.tokens, sctx.new_start, sctx.new_hidden = list(PROMPT), 0, out.hidden
+    s.begin(sctx)
+    for r in (ref, bug):
+        r.inject(0, r.features(out.hidden))
+    seq = iter(SEQUENCE)
+    last = next(seq)
+    try:
+        for accept in steps:
+            prop = s.propose(sctx, last, max_n)
+            n = min(max_n, draft.hp.block_size - 1)
+            got = s.logits.read(np.float32, n * target.hparams.n_vocab).reshape(n, -1)
+            want, bad = ref.draft(last, max_n, p_min), bug.draft(last, max_n, p_min)
+            yield prop.tokens, got, want[0], want[1], bad[0], bad[1]
+            commit = [last] + list(itertools.islice(seq, accept))
+            out = tgt.forward(commit, capture_layers=layers)
+            sctx.new_start, sctx.tokens, sctx.new_hidden = len(sctx.tokens), sctx.tokens + commit, out.hidden
+            s.commit(sctx)
+            for r in (ref, bug):
+                r.inject(sctx.new_start, r.features(out.hidden))
+            last = next(seq)
+    finally:
+        s.close()
+        sctx.close()
+        model.close()
+        draft.close()
+
+
+@pytest.mark.parametrize("ctype", CACHE_TYPES)
+def test_drafts_match_numpy_pipeline_that_rotates_at_injection(ctx0, target, ref_weights, files, ctype):
+    """THE DFlash test: with a quantized draft cache the GPU drafter's tokens equal the numpy
+    pipeline's, which rotates injected K/V like every other write. A numpy pipeline that stores
+    the injected K/V unrotated (llama.cpp issue 25725) drafts something else: the test can fail."""
+    quantized = ctype != "f16"
+    errs, bug_errs, bug_differs = [], [], False
+    for tokens, got, want_tokens, want, bug_tokens, bug in drive(ctx0, target, ref_weights, files["draft"], ctype):
+        assert tokens == want_tokens
+        errs.append(nmse(got, want))
+        bug_errs.append(nmse(got, bug))
+        bug_differs |= bug_tokens != tokens
+    assert max(errs) <= NMSE_DRAFT
+    if quantized:
+        assert min(bug_errs) > 1e4 * max(errs) and min(bug_errs) > 0.1
+        assert bug_differs
+    else:  # nothing is rotated in an f16 cache: the bug has nothing to break
+        assert bug_errs == errs
+
+
+def test_draft_cache_uses_draft_types_and_rotation(ctx0, target, files):
+    m = Model(ctx0, target, n_ctx=32)
+    sctx = strategy_ctx(ctx0, m, files["draft"], cache_type_k="q8_0", cache_type_v="q4_0")
+    s = factory(sctx)
+    info = s.kv.info
+    assert (info.k_type, info.v_type, info.k_rotation, info.v_rotation) == ("q8_0", "q4_0", 64, 64)
+    assert (info.n_layer, info.n_head_kv, info.head_dim, info.n_ctx) == (2, 1, 64, 32)
+    s.close()
+    sctx.close()
+    m.close()
+
+
+def test_p_min_stops_drafting_early(ctx0, target, ref_weights, files):
+    """llama.cpp's rule: top-1 of a top-k 10 distribution; stop before the first draft below p-min."""
+    draft = load_draft(files["draft"], target.hparams)
+    probe = RefDFlash(draft, ref_weights)
+    tgt = RefModel(ref_weights, n_ctx=64)
+    probe.inject(0, probe.features(tgt.forward(PROMPT, capture_layers=draft.hp.target_layers).hidden))
+    p = top1_probability(probe.draft(SEQUENCE[0], 8)[1])
+    p_min = float(np.sort(p)[len(p) // 2])  # some drafts fall below it
+    draft.close()
+    cut = False
+    for tokens, _, want_tokens, want, _, _ in drive(ctx0, target, ref_weights, files["draft"], "q8_0",
+                                                    p_min=p_min, steps=ACCEPTS[:3]):
+        assert tokens == want_tokens
+        keep = int(np.argmax(np.append(top1_probability(want) < p_min, True)))
+        assert len(tokens) == keep
+        cut |= keep < 8
+    assert cut
+
+
+def test_own_embedding_and_lm_head(ctx0, target, ref_weights, files):
+    path = write_dflash(files["dir"] / "own.gguf", files["target"], n_layer=1, own_embd=True, own_output=True,
+                        target_layers=(0, 1, 2), seed=7)
+    d = load_draft(path, target.hparams)
+    assert d.hp.own_embd and d.hp.own_output and d.hp.n_features == 384
+    d.close()
+    for tokens, got, want_tokens, want, _, _ in drive(ctx0, target, ref_weights, path, "q4_0", steps=ACCEPTS[:3]):
+        assert tokens == want_tokens and nmse(got, want) <= NMSE_DRAFT
+
+
+def test_draft_length_clamped_to_block_size(ctx0, target, ref_weights, files):
+    path = write_dflash(files["dir"] / "bs4.gguf", files["target"], block_size=4)
+    steps = list(drive(ctx0, target, ref_weights, path, "q8_0", max_n=15, steps=ACCEPTS[:2]))
+    for tokens, got, want_tokens, *_ in steps:
+        assert len(tokens) == 3 and tokens == want_tokens and got.shape[0] == 3
+
+
+def test_propose_refuses_a_context_it_has_not_seen(ctx0, target, files):
+    m = Model(ctx0, target, n_ctx=32)
+    sctx = strategy_ctx(ctx0, m, files["draft"])
+    s = factory(sctx)
+    out = m.forward(PROMPT, capture=s.capture_layers)
+    sctx.tokens, sctx.new_hidden = list(PROMPT), out.hidden
+    s.begin(sctx)
+    sctx.tokens = sctx.tokens + [1]  # committed without telling the strategy
+    with pytest.raises(VkdflashError, match="drafts at position 11 but holds context for 10"):
+        s.propose(sctx, 1, 4)
+    assert s.propose(sctx, 1, 0).tokens == []
+    s.close()
+    sctx.close()
+    m.close()
+
+
+# -- through the engine ---------------------------------------------------------------------------
+
+def generate_ids(model, prompt, n, speculator=None):
+    sampler = Sampler(temp=0.0)
+    source = (speculator.tokens(prompt, sampler, n, Stats()) if speculator is not None
+              else plain_tokens(model, prompt, sampler, Stats()))
+    ids = list(itertools.islice(source, n))
+    source.close()
+    return ids
+
+
+@pytest.mark.parametrize("ctype", CACHE_TYPES)
+def test_greedy_generation_identical_to_no_speculation(ctx0, target, files, ctype):
+    n = 24
+    model = Model(ctx0, target, n_ctx=128)
+    plain = generate_ids(model, PROMPT, n)
+    for draft_max in range(1, 16):
+        stats = SpecStats()
+        options = StrategyOptions(draft_model=str(files["draft"]), draft_max=draft_max, cache_type_k=ctype,
+                                  cache_type_v=ctype)
+        spec = Speculator(model, "dflash", factory, options, stats)
+        assert spec.strategy is not None, stats.disabled
+        got = generate_ids(model, PROMPT, n, spec)
+        spec.close()
+        assert got == plain, f"draft max {draft_max}"
+        assert stats.disabled == "" and stats.drafted > 0
+        assert len(stats.per_position) <= draft_max
+    model.close()
