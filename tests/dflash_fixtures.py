@@ -10,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGUFValueType as VT
+from gguf import GGMLQuantizationType as GT
 from gguf import GGUFWriter
+from gguf.quants import quantize
 
 from gguf_fixtures import DROP, _weights
 from vkdflash.model.gguf_file import GGUFFile
@@ -42,9 +44,10 @@ def write_dflash(path, target_path, *, n_layer: int = 2, target_layers=(1, 2), b
                  mask_token_id: int = 0, n_head: int = 2, n_head_kv: int = 1, head_dim: int = 64, n_ff: int = 256,
                  n_embd: int | None = None, weight_type: str = "q8_0", own_embd: bool = False,
                  own_output: bool = False, n_vocab: int | None = None, seed: int = 0, metadata: dict | None = None,
-                 drop_tensors=(), shapes: dict | None = None) -> Path:
+                 drop_tensors=(), shapes: dict | None = None, values: dict | None = None) -> Path:
     """Write a random draft for the target GGUF at `target_path`; returns its path. n_embd and
-    n_vocab default to the target's; metadata: key -> (value, type[, item type]) or DROP."""
+    n_vocab default to the target's; metadata: key -> (value, type[, item type]) or DROP;
+    values: tensor name -> f32 array (numpy order) replacing the random weights."""
     with GGUFFile(target_path) as target:
         tmd, tvt = target.metadata, target.value_types
         tarch = tmd["general.architecture"]
@@ -69,8 +72,8 @@ def write_dflash(path, target_path, *, n_layer: int = 2, target_layers=(1, 2), b
     }
     for key, (value, vtype) in tokenizer.items():
         if isinstance(vtype, tuple):
-            values = list(value) if isinstance(value, list) else [v.item() for v in value]
-            md[key] = (values, VT.ARRAY, vtype[1])
+            items = list(value) if isinstance(value, list) else [v.item() for v in value]
+            md[key] = (items, VT.ARRAY, vtype[1])
         else:
             md[key] = (value, vtype)
     md["tokenizer.ggml.mask_token_id"] = (mask_token_id, VT.UINT32)
@@ -91,9 +94,41 @@ def write_dflash(path, target_path, *, n_layer: int = 2, target_layers=(1, 2), b
             continue
         shape = (shapes or {}).get(name, shape)
         data, gt = _weights(r, shape, weight_type)
+        if name in (values or {}):
+            data = np.asarray(values[name], np.float32).reshape(tuple(reversed(shape)))
+            if len(shape) > 1 and gt != GT.F32:
+                data = quantize(data, gt)
         w.add_tensor(name, data, raw_dtype=gt)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def copy_last_values(n_vocab: int, n_embd: int = 128, head_dim: int = 64, n_head: int = 2, n_ff: int = 256,
+                     mask_token_id: int = 0, seed: int = 0) -> dict:
+    """Weights for a 1-layer draft (one KV head) that drafts the last token again and again.
+
+    Its own embedding lives in the first head_dim dimensions with rows of equal norm (the mask
+    row zero) and doubles as its LM head. W_q = 0 makes attention uniform; injected context has
+    g = 0 (enc norm weight 0), so K = V = 0 there, and so are the mask rows' V: every block row
+    reads V(row 0) / (rows seen), which W_v and W_o carry into its residual stream as the last
+    token's embedding direction, and output_norm removes the 1 / (rows seen) scale. Against a
+    target that mostly repeats its last token this accepts often but not always."""
+    r = np.random.default_rng(seed)
+    d, hd = n_embd, head_dim
+    embd = np.zeros((n_vocab, d), np.float32)
+    embd[:, :hd] = r.standard_normal((n_vocab, hd))
+    embd *= 8.0 / np.maximum(np.linalg.norm(embd, axis=1, keepdims=True), 1e-9)
+    embd[mask_token_id] = 0.0
+    wv = np.zeros((hd, d), np.float32)
+    wv[:, :hd] = np.eye(hd)
+    wo = np.zeros((d, n_head * hd), np.float32)
+    wo[:hd, :hd] = np.eye(hd)
+    ones = np.ones(d, np.float32)
+    return {"token_embd.weight": embd, "output.weight": embd, "enc.output_norm.weight": np.zeros(d, np.float32),
+            "blk.0.attn_norm.weight": ones, "blk.0.ffn_norm.weight": ones, "output_norm.weight": ones,
+            "blk.0.attn_q.weight": np.zeros((n_head * hd, d), np.float32), "blk.0.attn_v.weight": wv,
+            "blk.0.attn_output.weight": wo, "blk.0.ffn_down.weight": np.zeros((d, n_ff), np.float32),
+            "blk.0.attn_q_norm.weight": np.ones(hd, np.float32), "blk.0.attn_k_norm.weight": np.ones(hd, np.float32)}

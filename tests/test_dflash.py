@@ -8,15 +8,16 @@ import itertools
 import numpy as np
 import pytest
 
-from dflash_fixtures import write_dflash
+from dflash_fixtures import copy_last_values, write_dflash
 from gguf_fixtures import DROP, write_model
 from gguf import GGUFValueType as VT
 from vkdflash.conformance import nmse
 from vkdflash.errors import VkdflashError
 from vkdflash.generate import Stats, plain_tokens
+from vkdflash.hookspecs import hookimpl
 from vkdflash.model import load_model
 from vkdflash.model.forward import Model
-from vkdflash.plugins import strategies
+from vkdflash.plugins import manager, strategies
 from vkdflash.ref.dflash import RefDFlash, top1_probability
 from vkdflash.ref.model import RefModel, RefWeights
 from vkdflash.sampling import Sampler
@@ -196,6 +197,42 @@ def test_draft_cache_uses_draft_types_and_rotation(ctx0, target, files):
     m.close()
 
 
+class WriteObserver:
+    """A plugin wrapping the core cache-write hook: it sees every write, and cannot skip it."""
+
+    def __init__(self):
+        self.writes = []
+
+    @hookimpl(wrapper=True)
+    def kv_cache_write(self, cache, graph, layer, k_rows, v_rows, positions, n_rows):
+        self.writes.append((cache.name, layer, n_rows, cache.k_rotation, cache.v_rotation))
+        return (yield)
+
+
+def test_every_draft_cache_write_goes_through_the_core_hook(ctx0, target, files):
+    observer = WriteObserver()
+    manager().register(observer, name="dflash-test-observer")
+    try:
+        m = Model(ctx0, target, n_ctx=32)
+        sctx = strategy_ctx(ctx0, m, files["draft"], cache_type_k="q4_0", cache_type_v="iq4_nl")
+        s = factory(sctx)
+        out = m.forward(PROMPT, capture=s.capture_layers)
+        sctx.tokens, sctx.new_hidden = list(PROMPT), out.hidden
+        s.begin(sctx)                       # inject 10 positions
+        s.propose(sctx, 1, 4)               # block of 5 rows
+        out = m.forward([1, 2], capture=s.capture_layers)
+        sctx.new_start, sctx.tokens, sctx.new_hidden = 10, sctx.tokens + [1, 2], out.hidden
+        s.commit(sctx)                      # inject 2 positions
+        s.close()
+        sctx.close()
+        m.close()
+    finally:
+        manager().unregister(name="dflash-test-observer")
+    draft = [w for w in observer.writes if w[0] == "dflash draft"]
+    assert [(layer, n) for _, layer, n, _, _ in draft] == [(0, 10), (1, 10), (0, 5), (1, 5), (0, 2), (1, 2)]
+    assert all(w[3:] == (64, 64) for w in draft)
+
+
 def test_p_min_stops_drafting_early(ctx0, target, ref_weights, files):
     """llama.cpp's rule: top-1 of a top-k 10 distribution; stop before the first draft below p-min."""
     draft = load_draft(files["draft"], target.hparams)
@@ -275,4 +312,30 @@ def test_greedy_generation_identical_to_no_speculation(ctx0, target, files, ctyp
         assert got == plain, f"draft max {draft_max}"
         assert stats.disabled == "" and stats.drafted > 0
         assert len(stats.per_position) <= draft_max
+    model.close()
+
+
+def test_accepted_drafts_commit_several_positions(ctx0, files):
+    """A tied random target mostly repeats its last token; a draft built to repeat it too gets
+    most drafts accepted and some rejected, so the engine commits several positions per step and
+    rolls back: greedy output must still be that of plain decoding."""
+    d = files["dir"]
+    tied = load_model(write_model(d / "tied.gguf", "llama", n_embd=128, n_ff=256, n_head=2, n_head_kv=1,
+                                  head_dim=64, seed=3, tied=True))
+    n_vocab = tied.hparams.n_vocab
+    draft = write_dflash(d / "copy.gguf", d / "tied.gguf", n_layer=1, own_embd=True, own_output=True,
+                         values=copy_last_values(n_vocab))
+    model = Model(ctx0, tied, n_ctx=160)
+    n = 96
+    plain = generate_ids(model, PROMPT, n)
+    for ctype, draft_max in (("q8_0", 15), ("iq4_nl", 6)):
+        stats = SpecStats()
+        options = StrategyOptions(draft_model=str(draft), draft_max=draft_max, cache_type_k=ctype,
+                                  cache_type_v=ctype)
+        spec = Speculator(model, "dflash", factory, options, stats)
+        got = generate_ids(model, PROMPT, n, spec)
+        spec.close()
+        print(f"\ncopy draft vs tied target, {ctype}, draft max {draft_max}: {stats.line()}")
+        assert got == plain and stats.disabled == ""
+        assert 0.5 < stats.acceptance_rate < 1.0 and stats.tau > 3
     model.close()

@@ -58,6 +58,7 @@ class DFlash(Strategy):
         except Exception:
             self.close()
             raise
+        self.draft.close()  # every tensor now lives in device buffers
         self.n_injected = 0
         log.info("dflash draft %s: %d layers, block size %d, target layers %s, mask token %d, %s embedding, "
                  "%s LM head", ctx.options.draft_model, hp.n_layer, hp.block_size, list(hp.target_layers),
