@@ -10,6 +10,9 @@
 // lavapipe facts behind the load paths: a storage-buffer load costs a per-lane loop, so
 // 16-byte loads (WIDE) read ~2.5x faster than 4-byte ones, and loading an x chunk once per
 // subgroup and shuffling it (XBCAST) beats every lane loading the same x.
+// WIDE path: rows r = row_first + k * row_step all start at the same byte offset ALIGN mod 16
+// (the host dispatches once per such class), so every block of a group of G blocks sits at a
+// compile-time offset in a window of 16-byte loads; TAIL blocks (cols/QK mod G) end the row.
 #extension GL_KHR_shader_subgroup_shuffle : enable
 #include "common.glsl"
 #include "types.glsl"
@@ -17,8 +20,12 @@
 layout(constant_id = 1) const uint TYPE = 0u;    // ggml type id of W
 layout(constant_id = 2) const uint SPLIT = 1u;   // lanes per row: power of two <= subgroup size
 layout(constant_id = 3) const uint NJ = 1u;      // activation rows per invocation
-layout(constant_id = 4) const uint WIDE = 0u;    // 1: rows 16-byte aligned, whole groups of G blocks
+layout(constant_id = 4) const uint WIDE = 0u;    // 1: 16-byte loads (not q6_k)
 layout(constant_id = 5) const uint XBCAST = 0u;  // 1: subgroup size >= 8 and SPLIT == 1
+layout(constant_id = 6) const uint ALIGN = 0u;   // WIDE: byte offset mod 16 of every row's start
+layout(constant_id = 7) const uint TAIL = 0u;    // WIDE: blocks per row mod G
+layout(constant_id = 8) const uint JROLL = 0u;   // 1: a rolled loop over the NJ slots (compiles
+                                                 // ~60x faster on LLVM without XBCAST, runs slower)
 
 layout(binding = 0) readonly buffer W { uint w32[]; };
 layout(binding = 0) readonly buffer W4 { uvec4 w128[]; };
@@ -30,6 +37,8 @@ layout(push_constant) uniform Push {
     uint n;         // activation rows
     uint row0;      // output feature of this piece's first row
     uint y_stride;  // floats per output row
+    uint row_first; // rows of this dispatch: row_first + k * row_step (WIDE alignment class)
+    uint row_step;
 } p;
 
 const bool PLAIN = TYPE == T_F32 || TYPE == T_F16 || TYPE == T_BF16;
@@ -38,11 +47,12 @@ const uint QK = (TYPE == T_Q4_K || TYPE == T_Q6_K) ? 256u : 32u;
 const uint BB = TYPE == T_F32 ? 128u : (TYPE == T_F16 || TYPE == T_BF16) ? 64u : TYPE == T_Q8_0 ? 34u
     : TYPE == T_Q4_0 ? 18u : TYPE == T_Q4_1 ? 20u : TYPE == T_Q5_0 ? 22u : TYPE == T_Q5_1 ? 24u
     : TYPE == T_Q4_K ? 144u : 210u;
-// blocks per 16-byte-aligned group (WIDE): 16 / gcd(BB, 16); q6_k (8 x 210 bytes) has no WIDE path
-const bool WIDE_ON = WIDE != 0u && TYPE != T_Q6_K;  // q6_k blocks (210 bytes) never align
+// blocks per group (WIDE): 16 / gcd(BB, 16), so groups keep the row's alignment; q6_k would
+// need 8 x 210 bytes, too big a window: it always takes the narrow path
+const bool WIDE_ON = WIDE != 0u && TYPE != T_Q6_K;
 const uint G = !WIDE_ON ? 1u : (TYPE == T_Q8_0 || TYPE == T_Q4_0 || TYPE == T_Q5_0) ? 8u
     : TYPE == T_Q4_1 ? 4u : TYPE == T_Q5_1 ? 2u : 1u;
-const uint NW = 72u;  // most 32-bit words held at once: 8 q8_0 blocks (272 bytes)
+const uint NW = 72u;  // most 32-bit words held at once: 8 q8_0 blocks at ALIGN 14 (286 bytes)
 
 // The loaded bytes as 32-bit words a[]. Blocks are only 2-byte aligned, so in the narrow path
 // window byte b holds block byte b - (odd ? 2 : 0). Offsets are compile-time constants after
@@ -69,11 +79,11 @@ void load_block(uint off) {
     [[unroll]] for (uint k = 0u; k < (BB + 5u) / 4u; k++) a[k] = w32[min(base + k, last)];
 }
 
-// wide path: G blocks starting 16-byte aligned, 16 bytes a load
-void load_group(uint off) {
+// wide path: `nb` blocks starting at window byte ALIGN of 16-byte word `base`
+void load_group(uint base, uint nb) {
     odd = false;
-    [[unroll]] for (uint k = 0u; k < G * BB / 16u; k++) {
-        uvec4 v = w128[off / 16u + k];
+    [[unroll]] for (uint k = 0u; k < (ALIGN + nb * BB + 15u) / 16u; k++) {
+        uvec4 v = w128[base + k];
         a[4u * k] = v.x; a[4u * k + 1u] = v.y; a[4u * k + 2u] = v.z; a[4u * k + 3u] = v.w;
     }
 }
@@ -195,19 +205,41 @@ void load_x(uint base, out vec4 xs[8]) {
 void chunk(uint o, uint sub, uint xb, uint xj[NJ], inout precise float acc[NJ]) {
     vec4 w[8];
     dequant_chunk(o, sub, w);
-    [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
-        vec4 xs[8];
-        load_x(xj[jj] + xb, xs);
-        acc[jj] = acc[jj] + chunk_dot(w, xs);
+    if (JROLL != 0u) {
+        [[dont_unroll]] for (uint jj = 0u; jj < NJ; jj++) {
+            vec4 xs[8];
+            load_x(xj[jj] + xb, xs);
+            acc[jj] = acc[jj] + chunk_dot(w, xs);
+        }
+    } else {
+        [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
+            vec4 xs[8];
+            load_x(xj[jj] + xb, xs);
+            acc[jj] = acc[jj] + chunk_dot(w, xs);
+        }
+    }
+}
+
+// the chunks of the loaded block(s): block `blk` of the row at window byte o
+void blocks(uint o, uint blk, uint nb, uint xj[NJ], inout precise float acc[NJ]) {
+    if (QK == 32u) {
+        [[unroll]] for (uint i = 0u; i < nb; i++) chunk(o + i * BB, 0u, (blk + i) * 8u, xj, acc);
+    } else if (XBCAST != 0u) {
+        [[unroll]] for (uint sub = 0u; sub < 8u; sub++) chunk(o, sub, blk * 64u + sub * 8u, xj, acc);
+    } else {
+        // rolled: unrolled with 8 x loads per chunk, lavapipe's LLVM takes ~30 s to compile it
+        [[dont_unroll]] for (uint sub = 0u; sub < 8u; sub++) chunk(o, sub, blk * 64u + sub * 8u, xj, acc);
     }
 }
 
 void main() {
     const uint RPG = gl_WorkGroupSize.x / SPLIT;  // rows per workgroup
     uint lane = gl_LocalInvocationID.x, part = lane % SPLIT;
-    uint r = gl_WorkGroupID.x * RPG + lane / SPLIT;
+    uint r = p.row_first + (gl_WorkGroupID.x * RPG + lane / SPLIT) * p.row_step;
     uint nblk = p.cols / QK, xrow = p.cols / 4u;
-    uint row_off = min(r, p.rows - 1u) * nblk * BB;  // dead lanes read a real row, store nothing
+    // dead lanes read a real row of their class and store nothing
+    uint rr = r < p.rows ? r : p.row_first + (p.rows - 1u - p.row_first) / p.row_step * p.row_step;
+    uint row_off = rr * nblk * BB;
     // activation rows past n repeat row n-1: computed, never stored (no branches: every lane
     // must reach the shuffles, and SIMD CPUs would run a skipped branch anyway)
     uint xj[NJ];
@@ -216,22 +248,25 @@ void main() {
     precise float acc[NJ];
     [[unroll]] for (uint jj = 0u; jj < NJ; jj++) acc[jj] = 0.0;
 
-    for (uint g = part; g < nblk / G; g += SPLIT) {
-        if (WIDE_ON) {
-            load_group(row_off + g * G * BB);
-        } else if (PLAIN) {
-            uint base = (row_off + g * BB) >> 2;  // plain rows are 4-byte aligned
-            [[unroll]] for (uint k = 0u; k < BB / 4u; k++) a[k] = w32[base + k];
-        } else {
-            load_block(row_off + g * BB);
+    if (WIDE_ON) {
+        uint base = (row_off - ALIGN) / 16u, ng = nblk / G;
+        for (uint g = part; g < ng; g += SPLIT) {
+            load_group(base + g * (G * BB / 16u), G);
+            blocks(ALIGN, g * G, G, xj, acc);
         }
-        if (QK == 32u) {
-            [[unroll]] for (uint i = 0u; i < G; i++) chunk(i * BB, 0u, (g * G + i) * 8u, xj, acc);
-        } else if (XBCAST != 0u) {
-            [[unroll]] for (uint sub = 0u; sub < 8u; sub++) chunk(0u, sub, (g * 256u + sub * 32u) / 4u, xj, acc);
-        } else {
-            // rolled: unrolled with 8 x loads per chunk, lavapipe's LLVM takes ~30 s to compile it
-            [[dont_unroll]] for (uint sub = 0u; sub < 8u; sub++) chunk(0u, sub, (g * 256u + sub * 32u) / 4u, xj, acc);
+        if (TAIL > 0u && part == ng % SPLIT) {
+            load_group(base + ng * (G * BB / 16u), TAIL);
+            blocks(ALIGN, ng * G, TAIL, xj, acc);
+        }
+    } else {
+        for (uint b = part; b < nblk; b += SPLIT) {
+            if (PLAIN) {
+                uint base = (row_off + b * BB) >> 2;  // plain rows are 4-byte aligned
+                [[unroll]] for (uint k = 0u; k < BB / 4u; k++) a[k] = w32[base + k];
+            } else {
+                load_block(row_off + b * BB);
+            }
+            blocks(0u, b, 1u, xj, acc);
         }
     }
     if (SPLIT > 1u) {

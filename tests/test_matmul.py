@@ -6,7 +6,7 @@ import pytest
 
 from vkdflash.errors import VkdflashError
 from vkdflash.kernels.embed import get_rows
-from vkdflash.kernels.matmul import MatmulConfig, config_for, matmul, wide_ok
+from vkdflash.kernels.matmul import MatmulConfig, config_for, matmul, row_classes
 from vkdflash.kernels.types import WEIGHT_TYPES, get_type
 from vkdflash.kernels.weights import Weight
 from vkdflash.ref import quants as ref
@@ -41,20 +41,23 @@ def _assert_invariant(got1, got):
         assert diff.size == 0, f"n={n}: rows {diff.tolist()} differ bitwise from their n=1 results"
 
 
-@pytest.mark.parametrize("tname", WEIGHT_TYPES)
-@pytest.mark.parametrize("shape", ["wide", "narrow"])
+# aligned: rows start 16-byte aligned; odd: 3 blocks a row, so rows start at several offsets
+# mod 16 (one pipeline and dispatch per class) and end in a partial group of blocks. Each odd
+# class costs lavapipe a compile per activation-slot count, so the odd shape covers one type
+# per group size and q6_k (conformance covers every type's odd shapes for correctness).
+@pytest.mark.parametrize("tname, shape", [(t, "aligned") for t in WEIGHT_TYPES]
+                         + [(t, "odd") for t in ("q4_0", "q4_1", "q5_1", "q6_k")])
 def test_batch_invariance(ctx, tname, shape):
     """y[i] is bit-identical for every n = 1..64, and equal to a matvec of row i alone."""
     k = get_type(tname).qk > 32
-    cols = (512 if k else 256) if shape == "wide" else (768 if k else 96)
+    cols = (512 if k else 256) if shape == "aligned" else (768 if k else 96)
     rows = 12  # 12 rows x 4 bytes: y views of single rows stay 16-byte aligned
     r = np.random.default_rng(7)
     raw = ref.random_blocks(r, tname, rows, cols)
     w = Weight(ctx, tname, rows, cols, raw)
-    if shape == "wide" and tname != "q6_k":
-        assert wide_ok(w)
-    if shape == "narrow" and get_type(tname).quantized and tname != "q4_k":
-        assert not wide_ok(w)
+    classes = row_classes(w, rows, config_for(ctx.features))
+    if shape == "odd" and tname != "q6_k":
+        assert len(classes) > 1 and classes[0][1] > 0  # several classes, and a tail
     x = r.uniform(-1, 1, (NMAX, cols)).astype(np.float32)
     got1, got = _batch_outputs(ctx, w, x)
     w.destroy()
@@ -63,11 +66,16 @@ def test_batch_invariance(ctx, tname, shape):
     assert np.sum((got1 - want) ** 2) / np.sum(want ** 2) < 5e-4
 
 
-@pytest.mark.parametrize("config", [MatmulConfig(8, 1, 8, False), MatmulConfig(16, 4, 4, False),
-                                    MatmulConfig(8, 8, 8, False)], ids=["split1", "split4", "split8"])
-@pytest.mark.parametrize("tname", ["q4_0", "q4_k", "f16"])
+# GPU shapes unroll the slot loop; rolled here, as lavapipe's LLVM needs ~40 s per unrolled one
+@pytest.mark.parametrize("config", [MatmulConfig(8, 1, 8, False, rolled_slots=True),
+                                    MatmulConfig(16, 4, 4, False, rolled_slots=True),
+                                    MatmulConfig(8, 8, 8, False, rolled_slots=True),
+                                    MatmulConfig(8, 1, 4, True, wide=False)],
+                         ids=["split1", "split4", "split8", "narrow"])
+@pytest.mark.parametrize("tname", ["q5_1", "q4_k", "f16"])
 def test_other_shapes_invariant(ctx, config, tname):
-    """The GPU shapes (lanes splitting a row, no activation shuffle) are correct and invariant too."""
+    """Other kernel shapes (lanes splitting a row, no activation shuffle, 4-byte loads) are
+    correct and batch-invariant too."""
     if config.split > ctx.features.subgroup_size or config.workgroup % ctx.features.subgroup_size:
         pytest.skip("shape needs a larger subgroup")
     cols = 256 if tname == "q4_k" else 96  # small unrolled bodies: these shapes compile slowly on lavapipe

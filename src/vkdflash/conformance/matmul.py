@@ -1,8 +1,9 @@
 """Quantized matmul against gguf-py dequantization times x in float64.
 
-Shapes cover both load paths of mul_mat.comp: rows of whole 16-byte groups (wide) and rows
-only 2-byte aligned (narrow: 3 blocks of 18/22/34 bytes), n = 1 (its own NJ), 7 (a partly
-filled activation slot set) and 64, and a cols=4096 matvec."""
+Shapes: rows that start 16-byte aligned, and "odd" rows of 3 blocks (18/20/22/24/34 bytes)
+that start at up to 8 offsets mod 16 and end in a partial group (mul_mat.comp's alignment
+classes and tail); n = 1 (its own slot count), 7 (slots partly filled) and 64; a cols=4096
+matvec. Odd shapes with n > 1 keep 3 rows: each class is a pipeline for lavapipe to compile."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,8 +36,8 @@ def cases():
     out = []
     for tname in WEIGHT_TYPES:
         k = get_type(tname).qk > 32
-        narrow = 768 if k else 96  # 3 blocks a row: odd blocks start 2 bytes off a 4-byte boundary
-        out += [_case(tname, 37, narrow, 1), _case(tname, 45, 512, 7), _case(tname, 19, narrow, 64),
-                _case(tname, 64, 4096, 1)]
+        narrow = 768 if k else 96  # 3 blocks a row
+        out += [_case(tname, 37, narrow, 1), _case(tname, 3, narrow, 7), _case(tname, 45, 512, 7),
+                _case(tname, 19, 512, 64), _case(tname, 64, 4096, 1)]
         out.append(_case(tname, 512, 4096, 64, slow=True))
     return out

@@ -4,6 +4,7 @@ Every result y[i, r] is bit-identical for any n (shaders/mul_mat.comp explains t
 so a verify pass over n tokens reproduces n single-token decodes exactly."""
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ from ..runtime.memory import as_view
 from .weights import Weight
 
 
-# blocks per 16-byte-aligned group for the wide (16 bytes a load) path; q6_k has none
+# blocks per group in the wide (16 bytes a load) path: 16 / gcd(block bytes, 16); q6_k has none
 WIDE_GROUP = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 8, "q4_0": 8, "q5_0": 8, "q4_1": 4, "q5_1": 2,
               "q4_k": 1}
 
@@ -25,6 +26,8 @@ class MatmulConfig:
     split: int      # lanes sharing one weight row (power of two <= subgroup size)
     nj: int         # most activation rows per invocation (n = 1 always uses 1)
     xbcast: bool    # lanes load different parts of an x chunk and shuffle (subgroup >= 8, split 1)
+    wide: bool = True  # 16-byte weight loads, one dispatch per row alignment class (not q6_k)
+    rolled_slots: bool = False  # a rolled loop over the nj slots: slower, compiles fast on LLVM
 
     @property
     def rows_per_group(self) -> int:
@@ -40,16 +43,23 @@ def config_for(features) -> MatmulConfig:
     GPUs: a subgroup-wide split of each row keeps weight loads coalesced (not yet measured)."""
     sg = max(1, int(features.subgroup_size))
     if features.device_type == "cpu":
-        return MatmulConfig(workgroup=sg, split=1, nj=8, xbcast=sg >= 8)
+        # nj 4: within 10% of the best at n = 2..64, half the compile time of 8
+        return MatmulConfig(workgroup=sg, split=1, nj=4, xbcast=sg >= 8)
     split = min(sg, 32)
     return MatmulConfig(workgroup=max(64, split), split=split, nj=8, xbcast=False)
 
 
-def wide_ok(weight: Weight) -> bool:
-    """Rows start 16-byte aligned and hold whole groups: read the weights 16 bytes a load."""
+def row_classes(weight: Weight, rows: int, cfg: MatmulConfig) -> list[tuple[int, int, int, int]]:
+    """(align, tail, first row, row step) per dispatch over `rows` rows of a piece.
+
+    Wide path: rows whose start has the same offset mod 16 go in one dispatch, so the shader
+    knows every block's place in its 16-byte loads at compile time. Narrow path: one class."""
     group = WIDE_GROUP.get(weight.ttype.name)
-    nblk = weight.cols // weight.ttype.qk if weight.ttype.quantized else weight.cols // 32
-    return group is not None and weight.row_bytes % 16 == 0 and nblk % group == 0
+    if not cfg.wide or group is None:
+        return [(0, 0, 0, 1)]
+    nblk = weight.cols // max(32, weight.ttype.qk)
+    step = 16 // math.gcd(weight.row_bytes, 16)
+    return [(c * weight.row_bytes % 16, nblk % group, c, step) for c in range(min(step, rows))]
 
 
 def nj_for(n: int, cfg: MatmulConfig) -> int:
@@ -81,13 +91,19 @@ def matmul(graph, weight: Weight, x_view, y_view, n: int, config: MatmulConfig |
     groups_y = -(-n // nj)
     if groups_y > 65535:
         raise VkdflashError(f"matmul: n={n} needs more than 65535 workgroups; split the batch")
-    spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, int(wide_ok(weight)), int(cfg.xbcast))
-    pipe = graph.ctx.pipeline("mul_mat", 3, 20, spec)
-    for i, piece in enumerate(weight.pieces):
-        push = struct.pack("<5I", piece.rows, weight.cols, n, piece.first_row, weight.rows)
-        # pieces write disjoint rows of y: only the first waits for earlier work
-        graph.dispatch(pipe, [piece.view, x, y], (-(-piece.rows // cfg.rows_per_group), groups_y), push,
-                       barrier=i == 0, label=f"mul_mat/{weight.ttype.name}")
+    first = True
+    for piece in weight.pieces:
+        for align, tail, row, step in row_classes(weight, piece.rows, cfg):
+            wide = int(cfg.wide and weight.ttype.name in WIDE_GROUP)
+            spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, int(cfg.xbcast), align, tail,
+                    int(cfg.rolled_slots))
+            pipe = graph.ctx.pipeline("mul_mat", 3, 28, spec)
+            push = struct.pack("<7I", piece.rows, weight.cols, n, piece.first_row, weight.rows, row, step)
+            groups_x = -(-(-(-(piece.rows - row) // step)) // cfg.rows_per_group)
+            # pieces and classes write disjoint rows of y: only the first waits for earlier work
+            graph.dispatch(pipe, [piece.view, x, y], (groups_x, groups_y), push, barrier=first,
+                           label=f"mul_mat/{weight.ttype.name}")
+            first = False
 
 
 def matvec_gbps(ctx, type_name: str, rows: int = 4096, cols: int = 4096, reps: int = 5,

@@ -40,14 +40,14 @@ class Weight:
         if raw.nbytes != self.nbytes:
             raise VkdflashError(f"{name}: {raw.nbytes} bytes given, a {t.name} tensor of "
                                 f"{rows}x{cols} needs {self.nbytes}")
-        # 16 bytes of padding: kernels read whole 32-bit words, which may run past a
-        # 2-byte-aligned block end; every view is rounded up to a multiple of 4
+        # 16 bytes of padding: matmul reads whole 16-byte words, which may run past the end of
+        # a row; every view is rounded up to a multiple of 16 (within the device's limit)
         self.buffer = ctx.buffer(self.nbytes + 16)
         self.buffer.write(raw)
         self.buffer.write(np.zeros(16, np.uint8), self.nbytes)
         limit = ctx.features.max_storage_buffer_range
-        self.pieces = [Piece(r, n, self.buffer.view(r * self.row_bytes, min(-(-n * self.row_bytes // 4) * 4,
-                                                                              limit)))
+        self.pieces = [Piece(r, n, self.buffer.view(r * self.row_bytes,
+                                                    min(-(-n * self.row_bytes // 16) * 16, limit)))
                        for r, n in pieces(ctx, rows, self.row_bytes)]
 
     @classmethod
