@@ -1,1 +1,92 @@
-"""MTP next-n head drafting (being built)."""
+"""MTP drafting with next-n prediction heads (DeepSeek-V3 / GLM / Qwen3.5 style, reference.md 5).
+
+The head reads the target's state h_i and the embedding of the next token t_{i+1}, runs one
+decoder block with its own KV cache and predicts t_{i+2}; drafting chains it on its own output
+up to --draft-max deep (positions: vkdflash.ref.mtp, the numpy reference of this plugin).
+Heads come from the target GGUF or from a -md sidecar (formats: vkdflash_mtp.heads). The head's
+cache is made with ctx.create_kv_cache, so it has the draft cache types (-ctkd / -ctvd) and every
+write goes through the core cache-write hook, rotated like any other."""
+from __future__ import annotations
+
+import numpy as np
+
+from vkdflash.errors import VkdflashError
+from vkdflash.hookspecs import hookimpl
+from vkdflash.spec import Proposal, Strategy
+
+from .gpu import HeadRunner
+from .heads import NO_HEADS, Heads, find_heads, load_sidecar
+
+__version__ = "0.1.0"
+__all__ = ["MTP", "NO_HEADS", "Heads", "HeadRunner", "find_heads", "load_sidecar"]
+
+
+class MTP(Strategy):
+    name = "mtp"
+
+    def __init__(self, ctx):
+        target = ctx.target
+        self.heads = find_heads(target.hparams, getattr(target, "model_file", None), ctx.options.draft_model)
+        try:
+            hp = self.heads.hp
+            # the residual leaving the trunk (prenorm heads); postnorm heads read ctx.new_final,
+            # which the engine hands over whenever anything is captured
+            self.capture_layers = (target.hparams.n_layer,)
+            self.kv = ctx.create_kv_cache(1, hp.n_head_kv, hp.head_dim, name="mtp")
+            self.runner = HeadRunner(ctx.gpu, self.heads, target, self.kv, ctx.options.draft_max)
+        except BaseException:
+            self.heads.close()
+            raise
+        self.p_min = ctx.options.p_min
+        self.n_written, self.h_prev = 0, None  # head K/V held for positions 0..n_written-1
+
+    def _states(self, ctx) -> np.ndarray:
+        if self.heads.hidden == "prenorm":
+            h = ctx.new_hidden.get(ctx.target.hparams.n_layer)
+        else:
+            h = ctx.new_final
+        if h is None:
+            raise VkdflashError("mtp: the engine handed over no target states")
+        return np.asarray(h, np.float32)
+
+    def begin(self, ctx) -> None:
+        self.n_written, self.h_prev = 0, None
+        self._update(ctx)
+
+    def commit(self, ctx) -> None:
+        self._update(ctx)
+
+    def _update(self, ctx) -> None:
+        """K/V for every position i whose next token t_{i+1} is now committed (see ref.mtp)."""
+        new, c = self._states(ctx), len(ctx.tokens)
+        expect = 0 if self.h_prev is None else self.n_written + 1
+        if ctx.new_start != expect or ctx.new_start + len(new) != c:
+            raise VkdflashError(f"mtp: states for positions {ctx.new_start}..{ctx.new_start + len(new) - 1} do "
+                                f"not follow the {expect} committed before")
+        hs = new if self.h_prev is None else np.concatenate([self.h_prev[None], new])
+        first = self.n_written
+        self.kv.truncate(first)
+        if c - 1 > first:
+            self.runner.commit(hs[:c - 1 - first], ctx.tokens[first + 1:c], first)
+        self.h_prev, self.n_written = new[-1].copy(), c - 1
+
+    def propose(self, ctx, last_token: int, max_n: int) -> Proposal:
+        if self.h_prev is None or max_n <= 0:
+            return Proposal([])
+        m = min(max_n, self.runner.max_depth)
+        try:
+            drafts = self.runner.draft(self.h_prev, last_token, self.n_written, m, self.p_min)
+        finally:
+            self.kv.truncate(self.n_written)  # drafted positions are never kept
+        return Proposal(drafts)
+
+    def close(self) -> None:
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.close()
+        self.heads.close()
+
+
+@hookimpl
+def register_strategies(register):
+    register("mtp", MTP, "next-n (MTP) heads of the target, or of a -md sidecar, drafting autoregressively")

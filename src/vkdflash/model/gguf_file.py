@@ -208,25 +208,65 @@ VECTOR_TYPE_IDS = frozenset(int(t) for t in (GGMLQuantizationType.F32, GGMLQuant
                                              GGMLQuantizationType.BF16))
 
 
-def expected_tensors(hp) -> dict[str, tuple[int, ...]]:
-    """Every tensor a dense llama/qwen2/qwen3 file must hold, name -> ggml shape, as llama.cpp names them."""
+def block_tensors(hp, i: int) -> dict[str, tuple[int, ...]]:
+    """The tensors of one standard block blk.{i} (also the body of a next-n head)."""
     d, hd, ff = hp.n_embd, hp.head_dim, hp.n_ff
     q, kv = hp.n_head * hd, hp.n_head_kv * hd
+    b = f"blk.{i}."
+    spec = {b + "attn_norm.weight": (d,), b + "attn_q.weight": (d, q), b + "attn_k.weight": (d, kv),
+            b + "attn_v.weight": (d, kv), b + "attn_output.weight": (q, d), b + "ffn_norm.weight": (d,),
+            b + "ffn_gate.weight": (d, ff), b + "ffn_up.weight": (d, ff), b + "ffn_down.weight": (ff, d)}
+    if hp.has_qkv_bias:
+        spec.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
+    if hp.has_qk_norm:
+        spec.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)})
+    return spec
+
+
+def nextn_tensors(hp, first: int, count: int) -> tuple[dict, dict]:
+    """(required, optional) tensors of `count` next-n heads at blocks first..: a standard block
+    plus blk.N.nextn.{eh_proj, enorm, hnorm, shared_head_norm} and, optionally, the head's own
+    embed_tokens / shared_head_head (else the target's token_embd / output are used)."""
+    d, required, optional = hp.n_embd, {}, {}
+    for i in range(first, first + count):
+        b = f"blk.{i}.nextn."
+        required.update(block_tensors(hp, i))
+        required.update({b + "eh_proj.weight": (2 * d, d), b + "enorm.weight": (d,), b + "hnorm.weight": (d,),
+                         b + "shared_head_norm.weight": (d,)})
+        optional.update({b + "embed_tokens.weight": (d, hp.n_vocab), b + "shared_head_head.weight": (d, hp.n_vocab)})
+    return required, optional
+
+
+def expected_tensors(hp) -> dict[str, tuple[int, ...]]:
+    """Every tensor a dense llama/qwen2/qwen3 file must hold, name -> ggml shape, as llama.cpp names them."""
+    d = hp.n_embd
     spec = {"token_embd.weight": (d, hp.n_vocab), "output_norm.weight": (d,)}
     if not hp.tied_output:
         spec["output.weight"] = (d, hp.n_vocab)
     if hp.has_rope_freqs:
-        spec["rope_freqs.weight"] = (hd // 2,)
+        spec["rope_freqs.weight"] = (hp.head_dim // 2,)
     for i in range(hp.n_layer):
-        b = f"blk.{i}."
-        spec.update({b + "attn_norm.weight": (d,), b + "attn_q.weight": (d, q), b + "attn_k.weight": (d, kv),
-                     b + "attn_v.weight": (d, kv), b + "attn_output.weight": (q, d), b + "ffn_norm.weight": (d,),
-                     b + "ffn_gate.weight": (d, ff), b + "ffn_up.weight": (d, ff), b + "ffn_down.weight": (ff, d)})
-        if hp.has_qkv_bias:
-            spec.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
-        if hp.has_qk_norm:
-            spec.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)})
+        spec.update(block_tensors(hp, i))
+    spec.update(nextn_tensors(hp, hp.n_layer, hp.n_nextn)[0])
     return spec
+
+
+def check_tensors(tensors: dict, required: dict, optional: dict, what: str) -> None:
+    """Every required tensor present with its shape and a supported type; optional ones checked
+    when present; anything else is unexpected."""
+    for name, shape in list(required.items()) + [(n, s) for n, s in optional.items() if n in tensors]:
+        t = tensors.get(name)
+        if t is None:
+            raise VkdflashError(f"missing tensor {name}")
+        if t.shape != shape:
+            raise VkdflashError(f"tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
+        allowed = VECTOR_TYPE_IDS if len(shape) == 1 else WEIGHT_TYPE_IDS
+        if t.type_id not in allowed:
+            names = ", ".join(GGMLQuantizationType(i).name for i in sorted(allowed))
+            raise VkdflashError(f"tensor {name} has type {t.type_name}, not supported here ({names})")
+    for name in tensors:
+        if name not in required and name not in optional:
+            raise VkdflashError(f"unexpected tensor {name} (not part of {what})")
 
 
 class TensorData(NamedTuple):
@@ -249,21 +289,9 @@ class ModelFile:
             raise VkdflashError(f"{self.gguf.path}: {exc}") from None
 
     def _check_tensors(self) -> None:
-        tensors = self.gguf.tensors
-        spec = expected_tensors(self.hparams)
-        for name, shape in spec.items():
-            t = tensors.get(name)
-            if t is None:
-                raise VkdflashError(f"missing tensor {name}")
-            if t.shape != shape:
-                raise VkdflashError(f"tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
-            allowed = VECTOR_TYPE_IDS if len(shape) == 1 else WEIGHT_TYPE_IDS
-            if t.type_id not in allowed:
-                names = ", ".join(GGMLQuantizationType(i).name for i in sorted(allowed))
-                raise VkdflashError(f"tensor {name} has type {t.type_name}, not supported here ({names})")
-        for name in tensors:
-            if name not in spec:
-                raise VkdflashError(f"unexpected tensor {name} (not part of a dense {self.hparams.arch} model)")
+        hp = self.hparams
+        check_tensors(self.gguf.tensors, expected_tensors(hp), nextn_tensors(hp, hp.n_layer, hp.n_nextn)[1],
+                      f"a dense {hp.arch} model")
 
     @property
     def metadata(self) -> dict:

@@ -10,6 +10,9 @@ from ..errors import VkdflashError
 # rope pairing per architecture, as llama.cpp's llama_model_rope_type(): names as in kernels/rope.py
 ROPE_MODES = {"llama": "normal", "qwen2": "neox", "qwen3": "neox"}
 ARCHITECTURES = tuple(ROPE_MODES)
+# the target state a next-n (MTP) head reads: the residual leaving the last trunk block, or that
+# after output_norm; architectures differ, so files say it in {arch}.nextn.hidden
+NEXTN_HIDDEN = ("prenorm", "postnorm")
 
 _INTS = {VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64}
 _FLOATS = {VT.FLOAT32, VT.FLOAT64}
@@ -40,6 +43,8 @@ class HParams:
     has_qkv_bias: bool      # blk.N.attn_{q,k,v}.bias present (qwen2)
     has_qk_norm: bool       # qwen3
     has_rope_freqs: bool = False  # rope_freqs.weight present (per-pair frequency factors)
+    n_nextn: int = 0        # next-n (MTP) heads: blocks n_layer.. after the trunk, not run by the forward pass
+    nextn_hidden: str = "prenorm"  # what the heads read (NEXTN_HIDDEN)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -83,7 +88,10 @@ def read_hparams(metadata: dict, value_types: dict, tensor_names) -> HParams:
     if arch not in ROPE_MODES:
         raise VkdflashError(f"architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
     n_tensors = len(tensor_names)
-    n_layer = m.int(f"{arch}.block_count", 1, MAX_LAYERS)
+    # as in llama.cpp, block_count includes the trailing next-n heads; n_layer is the trunk
+    n_block = m.int(f"{arch}.block_count", 1, MAX_LAYERS)
+    n_nextn = m.int(f"{arch}.nextn_predict_layers", 0, n_block - 1, default=0)
+    n_layer = n_block - n_nextn
     if n_layer * 9 + 2 > n_tensors:
         raise VkdflashError(f"{arch}.block_count = {n_layer} needs at least {n_layer * 9 + 2} tensors, "
                             f"the file holds {n_tensors}")
@@ -123,4 +131,13 @@ def read_hparams(metadata: dict, value_types: dict, tensor_names) -> HParams:
         rope_base=m.float(f"{arch}.rope.freq_base", default=10000.0), rope_mode=ROPE_MODES[arch],
         n_ctx_train=m.int(f"{arch}.context_length", 1, MAX_CTX), n_vocab=n_vocab,
         tied_output="output.weight" not in names, has_qkv_bias="blk.0.attn_q.bias" in names,
-        has_qk_norm=arch == "qwen3", has_rope_freqs="rope_freqs.weight" in names)
+        has_qk_norm=arch == "qwen3", has_rope_freqs="rope_freqs.weight" in names,
+        n_nextn=n_nextn, nextn_hidden=nextn_hidden(m, arch))
+
+
+def nextn_hidden(m: _Meta, arch: str) -> str:
+    """{arch}.nextn.hidden: "prenorm" (default, llama.cpp's GLM4-MoE / Qwen3.5 heads) or "postnorm"."""
+    value = m._get(f"{arch}.nextn.hidden", {VT.STRING}, "a string", "prenorm")
+    if value not in NEXTN_HIDDEN:
+        raise VkdflashError(f"metadata {arch}.nextn.hidden = {value!r} must be one of {', '.join(NEXTN_HIDDEN)}")
+    return value

@@ -1,0 +1,285 @@
+"""The mtp strategy: next-n heads load (in the target or a sidecar) or fail in one line, GPU drafts
+equal the numpy reference's for every draft cache type, and greedy generation with --spec mtp is
+identical to plain greedy generation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGUFValueType as VT
+
+import mtp_fixtures as M
+from gguf_fixtures import DROP, write_model
+from vkdflash.conformance import nmse
+from vkdflash.errors import VkdflashError
+from vkdflash.generate import Stats, generate
+from vkdflash.model import expected_tensors, load_model
+from vkdflash.model.forward import Model
+from vkdflash.plugins import strategies
+from vkdflash.ref.model import RefModel, RefWeights
+from vkdflash.ref.mtp import RefMTP
+from vkdflash.sampling import Sampler
+from vkdflash.spec import SpecStats, StrategyContext, StrategyOptions
+from vkdflash.spec import engine
+from vkdflash.spec.engine import Speculator
+from vkdflash.tokenizer import Tokenizer
+from vkdflash_mtp import MTP, NO_HEADS
+
+PROMPT = [5, 17, 3, 42, 8, 23, 11, 2, 30, 7, 19, 4]
+CACHE_TYPES = ["f16", "q8_0", "q4_0", "iq4_nl"]
+
+
+def view_with_file(model):
+    """The engine's TargetView plus the target's ModelFile, where in-target heads are read from."""
+    view = ORIGINAL_TARGET_VIEW(model)
+    view.model_file = model.mf
+    return view
+
+
+ORIGINAL_TARGET_VIEW = engine.target_view
+
+
+@pytest.fixture
+def with_file(monkeypatch):
+    monkeypatch.setattr(engine, "target_view", view_with_file)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mtp")
+    return {"plain": M.write_target(d / "plain.gguf", n_nextn=0), "heads": M.write_target(d / "heads.gguf"),
+            "dir": d}
+
+
+def context(ctx, model, **options) -> StrategyContext:
+    return StrategyContext(gpu=ctx, target=view_with_file(model), options=StrategyOptions(**options))
+
+
+def hand_over(sctx, model_out, start: int, tokens: list) -> None:
+    """What the engine does after committing `tokens` at positions start..: tokens and states."""
+    sctx.tokens = sctx.tokens + list(tokens)
+    sctx.new_start = start
+    sctx.new_hidden = {k: v for k, v in model_out.hidden.items() if isinstance(k, int)}
+    sctx.new_final = model_out.hidden["final"]
+
+
+# -- registration and loading ----------------------------------------------------------------------
+
+def test_mtp_is_registered():
+    factory, description, plugin = strategies()["mtp"]
+    assert factory is MTP and plugin == "mtp" and description
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_target_with_heads_loads_and_runs_only_the_trunk(ctx0, tmp_path, arch):
+    with_heads = load_model(M.write_target(tmp_path / "h.gguf", arch, hidden="postnorm", own_embed=True,
+                                           own_head=True))
+    plain = load_model(M.write_target(tmp_path / "p.gguf", arch, n_nextn=0))
+    hp = with_heads.hparams
+    assert (hp.n_layer, hp.n_nextn, hp.nextn_hidden) == (2, 1, "postnorm")
+    assert plain.hparams.n_nextn == 0 and plain.hparams.nextn_hidden == "prenorm"
+    assert "blk.2.nextn.eh_proj.weight" in expected_tensors(hp) and "blk.2.attn_q.weight" in expected_tensors(hp)
+    got = [Model(ctx0, mf, n_ctx=32) for mf in (with_heads, plain)]
+    logits = [m.forward(PROMPT, all_logits=True).logits for m in got]
+    assert np.array_equal(logits[0], logits[1])  # the same trunk, and nothing else runs
+    for m in got:
+        m.close()
+
+
+def failure(path, sidecar: bool = False, target=None) -> str:
+    with pytest.raises(VkdflashError) as info:
+        if sidecar:
+            from vkdflash_mtp import load_sidecar
+            load_sidecar(path, target)
+        else:
+            load_model(path)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(str(path)), msg
+    return msg
+
+
+@pytest.mark.parametrize("knobs, words", [
+    (dict(metadata={"llama.nextn_predict_layers": (3, VT.UINT32)}), "nextn_predict_layers = 3 is out of range"),
+    (dict(metadata={"llama.nextn_predict_layers": DROP}), "unexpected tensor blk.2."),
+    (dict(metadata={"llama.nextn.hidden": ("middle", VT.STRING)}), "must be one of prenorm, postnorm"),
+    (dict(metadata={"llama.nextn.hidden": (1, VT.UINT32)}), "nextn.hidden should be a string"),
+    (dict(drop=["blk.2.nextn.eh_proj.weight"]), "missing tensor blk.2.nextn.eh_proj.weight"),
+    (dict(drop=["blk.2.attn_k.weight"]), "missing tensor blk.2.attn_k.weight"),
+    (dict(shapes={"blk.2.nextn.eh_proj.weight": (128, 128)}), "blk.2.nextn.eh_proj.weight has shape [128, 128]"),
+    (dict(own_embed=True, shapes={"blk.2.nextn.embed_tokens.weight": (128, 100)}), "embed_tokens.weight has shape"),
+    (dict(extra={"blk.2.nextn.bogus.weight": (128,)}), "unexpected tensor blk.2.nextn.bogus.weight"),
+    (dict(extra={"blk.3.nextn.eh_proj.weight": (256, 128)}), "unexpected tensor blk.3.nextn.eh_proj.weight"),
+], ids=["count-too-big", "count-missing", "hidden-value", "hidden-type", "no-eh_proj", "no-attn_k",
+        "eh_proj-shape", "embed-shape", "bogus-tensor", "second-head-undeclared"])
+def test_malformed_target_heads_are_one_line_errors(tmp_path, knobs, words):
+    assert words in failure(M.write_target(tmp_path / "bad.gguf", **knobs))
+
+
+@pytest.mark.parametrize("knobs, words", [
+    (dict(metadata={"general.architecture": ("dflash", VT.STRING)}), "an MTP sidecar has 'mtp'"),
+    (dict(metadata={"mtp.target_architecture": ("qwen3", VT.STRING)}), "heads for a qwen3 target"),
+    (dict(metadata={"mtp.embedding_length": (256, VT.UINT32)}), "heads of width 256"),
+    (dict(metadata={"mtp.block_count": (4, VT.UINT32)}), "the target has 2"),
+    (dict(metadata={"mtp.nextn_predict_layers": DROP}), "missing metadata key mtp.nextn_predict_layers"),
+    (dict(metadata={"mtp.nextn.hidden": ("late", VT.STRING)}), "must be one of prenorm, postnorm"),
+    (dict(drop=["blk.2.nextn.hnorm.weight"]), "missing tensor blk.2.nextn.hnorm.weight"),
+    (dict(shapes={"blk.2.ffn_up.weight": (128, 64)}), "ffn_up.weight has shape"),
+    (dict(extra={"token_embd.weight": (128, 277)}), "unexpected tensor token_embd.weight"),
+], ids=["arch", "target-arch", "width", "block-count", "no-count", "hidden", "no-hnorm", "shape", "extra"])
+def test_malformed_sidecars_are_one_line_errors(files, tmp_path, knobs, words):
+    target = load_model(files["plain"]).hparams
+    assert words in failure(M.write_sidecar(tmp_path / "bad.gguf", **knobs), True, target)
+
+
+def test_model_without_heads_is_no_sidecar(files):
+    target = load_model(files["plain"]).hparams
+    assert "without next-n heads" in failure(files["plain"], True, target)
+
+
+def test_no_heads_anywhere(ctx0, files, caplog):
+    model = Model(ctx0, load_model(files["plain"]), n_ctx=64)
+    with pytest.raises(VkdflashError) as info:
+        MTP(context(ctx0, model))
+    assert str(info.value) == NO_HEADS == ("mtp needs next-n heads: the target has none and no -md sidecar "
+                                           "was given")
+    stats = SpecStats()  # through the engine: switched off in one line, generation goes on
+    Speculator(model, "mtp", MTP, StrategyOptions(), stats).close()
+    assert NO_HEADS in stats.disabled
+    model.close()
+
+
+# -- GPU against numpy -----------------------------------------------------------------------------
+
+ACCEPTS = [0, 3, 5, 1, 0, 2]  # drafts "accepted" per simulated step (varies the commit sizes)
+
+
+def drive(ctx, mf, heads_file: str | None, ctype: str, max_n: int = 5, ref_rotate: bool = True):
+    """Run the GPU strategy and the numpy reference side by side through begin / propose / commit
+    with the GPU target's states; return per step (GPU drafts, reference drafts, logits NMSE).
+    At the end the GPU head's drafts must equal those of a reference given everything committed
+    in one update: its cache holds exactly one entry per committed position."""
+    model = Model(ctx, mf, n_ctx=96)
+    sctx = context(ctx, model, draft_model=heads_file, draft_max=max_n, cache_type_k=ctype, cache_type_v=ctype)
+    gpu = MTP(sctx)
+    ref = RefMTP(gpu.heads, RefWeights(mf), ctype, ctype, ref_rotate)
+    key = mf.hparams.n_layer if gpu.heads.hidden == "prenorm" else "final"
+    out = model.forward(PROMPT, capture=gpu.capture_layers)
+    hand_over(sctx, out, 0, PROMPT)
+    gpu.begin(sctx)
+    ref.update(sctx.tokens, 0, out.hidden[key])
+    last, steps = 9, []
+    for accept in ACCEPTS:
+        got = gpu.propose(sctx, last, max_n).tokens
+        want, want_logits = ref.propose(last, max_n)
+        runner = gpu.runner
+        rows = runner.d_logits.read(np.float32, runner.s_logits // 4 * max_n).reshape(max_n, -1)
+        steps.append((got, want, nmse(rows[:, :runner.n_vocab], want_logits)))
+        committed = [last] + got[:accept]
+        start = len(sctx.tokens)
+        out = model.forward(committed, all_logits=True, capture=gpu.capture_layers)
+        hand_over(sctx, out, start, committed)
+        gpu.commit(sctx)
+        ref.update(sctx.tokens, start, out.hidden[key])
+        last = int(np.argmax(out.logits[-1]))
+    final = gpu.propose(sctx, last, max_n).tokens
+    # incremental bookkeeping == one update over everything committed (same states)
+    fresh = RefMTP(gpu.heads, ref_weights_of(ref), ctype, ctype, ref_rotate)
+    model.reset()
+    everything = model.forward(sctx.tokens, capture=gpu.capture_layers).hidden[key]
+    fresh.update(sctx.tokens, 0, everything)
+    again = RefMTP(gpu.heads, ref_weights_of(ref), ctype, ctype, ref_rotate)
+    n0 = len(PROMPT)
+    again.update(sctx.tokens[:n0], 0, everything[:n0])
+    for s, e in zip(np.cumsum([n0] + [a + 1 for a in ACCEPTS])[:-1], np.cumsum([n0] + [a + 1 for a in ACCEPTS])[1:]):
+        again.update(sctx.tokens[:e], s, everything[s:e])
+    steps.append((final, fresh.propose(last, max_n)[0], 0.0))
+    assert again.propose(last, max_n)[0] == steps[-1][1]
+    gpu.close()
+    sctx.close()
+    model.close()
+    return steps
+
+
+def ref_weights_of(ref: RefMTP):
+    return {"token_embd.weight": ref.embed, "output.weight": ref.head}
+
+
+@pytest.mark.parametrize("ctype", CACHE_TYPES)
+def test_gpu_drafts_equal_numpy_drafts(ctx0, files, ctype):
+    mf = load_model(files["heads"])
+    steps = drive(ctx0, mf, None, ctype)
+    for got, want, err in steps:
+        assert got == want
+        assert err <= 1e-6, err
+    if ctype != "f16":  # the head's cache is rotated: a reference without rotation is far off
+        same = max(err for _, _, err in steps[:-1])
+        other = min(err for _, _, err in drive(ctx0, mf, None, ctype, ref_rotate=False)[:-1])
+        assert other > 100 * same, (other, same)
+
+
+@pytest.mark.parametrize("arch, where, hidden", [("qwen3", "sidecar", "postnorm"), ("qwen2", "target", "postnorm"),
+                                                 ("llama", "sidecar", "prenorm")])
+def test_gpu_drafts_equal_numpy_drafts_other_heads(ctx0, tmp_path, arch, where, hidden):
+    """q/k norm + NEOX (qwen3), qkv bias + tied output (qwen2), the head's own embedding and LM
+    head, both kinds of fed state, and the sidecar path."""
+    d = tmp_path
+    if where == "sidecar":
+        mf = load_model(M.write_target(d / "t.gguf", arch, n_nextn=0))
+        side = str(M.write_sidecar(d / "s.gguf", arch, hidden=hidden, own_embed=True, own_head=True))
+    else:
+        mf, side = load_model(M.write_target(d / "t.gguf", arch, hidden=hidden, own_head=True)), None
+    for got, want, err in drive(ctx0, mf, side, "q8_0"):
+        assert got == want
+        assert err <= 1e-6, err
+
+
+# -- losslessness ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(files):
+    """A target whose head has learned the target's own greedy continuation (in the GGUF and as a
+    sidecar), so drafts are accepted and commits of every size happen."""
+    d, mf = files["dir"], load_model(files["plain"])
+    w = RefWeights(mf)
+    ref = RefModel(w, n_ctx=128)
+    seq = PROMPT + M.greedy_ids(ref, PROMPT, 60)
+    ref.reset()
+    states = ref.forward(seq, capture_layers=[mf.hparams.n_layer]).hidden[mf.hparams.n_layer]
+    arrays = M.trained_head(w, seq, states, mf.hparams.rms_eps)
+    return {"target": load_model(M.write_target(d / "trained.gguf", head_arrays=arrays)),
+            "sidecar": str(M.write_sidecar(d / "trained-side.gguf", head_arrays=arrays))}
+
+
+def generate_ids(model, tok, n, factory=None, **options):
+    stats, spec_stats = Stats(), SpecStats()
+    spec = Speculator(model, "mtp", factory, StrategyOptions(**options), spec_stats) if factory else None
+    list(generate(model, tok, PROMPT, n, Sampler(temp=0.0), (), stats, spec))
+    if spec is not None:
+        spec.close()
+    return stats.tokens, spec_stats
+
+
+@pytest.mark.parametrize("ctype", CACHE_TYPES)
+def test_greedy_mtp_is_identical_to_plain(ctx0, trained, with_file, ctype):
+    mf = trained["target"]
+    model, tok = Model(ctx0, mf, n_ctx=128), Tokenizer(mf.metadata)
+    plain, _ = generate_ids(model, tok, 40)
+    first = []
+    for draft_max in range(1, 16):
+        got, stats = generate_ids(model, tok, 40, MTP, draft_max=draft_max, cache_type_k=ctype, cache_type_v=ctype)
+        assert got == plain, draft_max
+        assert not stats.disabled and stats.steps > 0
+        first.append(stats.per_position[0] / stats.steps)
+    print(f"\nmtp {ctype}: first-draft acceptance per draft length 1..15: {np.round(first, 2).tolist()}")
+    assert min(first) >= 0.8  # the head works: its cache, positions and fed state are right
+    model.close()
+
+
+def test_greedy_mtp_from_sidecar_and_p_min(ctx0, trained, files):
+    model = Model(ctx0, load_model(files["plain"]), n_ctx=128)
+    tok = Tokenizer(model.mf.metadata)
+    plain, _ = generate_ids(model, tok, 40)
+    got, stats = generate_ids(model, tok, 40, MTP, draft_model=trained["sidecar"], draft_max=6)
+    assert got == plain and not stats.disabled and stats.per_position[0] >= 0.8 * stats.steps
+    cut, cut_stats = generate_ids(model, tok, 40, MTP, draft_model=trained["sidecar"], draft_max=6, p_min=1.01)
+    assert cut == plain and cut_stats.drafted == 0  # no draft is ever above probability 1.01
+    model.close()
