@@ -8,7 +8,7 @@ import pytest
 from gguf import GGUFValueType as VT
 
 import mtp_fixtures as M
-from gguf_fixtures import DROP, write_model
+from gguf_fixtures import DROP
 from vkdflash.conformance import nmse
 from vkdflash.errors import VkdflashError
 from vkdflash.generate import Stats, generate

@@ -31,9 +31,16 @@ def _up(n: int, a: int) -> int:
 class HeadRunner:
     def __init__(self, gpu, heads, target, kv, max_depth: int):
         self.gpu, self.kv, self.hp, self.hidden = gpu, kv, heads.hp, heads.hidden
-        hp, B = heads.hp, MAX_ROWS
-        self.d, self.n_vocab, self.max_depth = hp.n_embd, target.n_vocab, max(1, int(max_depth))
+        self.d, self.n_vocab, self.max_depth = heads.hp.n_embd, target.n_vocab, max(1, int(max_depth))
         self._bufs, self._weights, self.graphs = [], [], {}
+        try:
+            self._load(heads, target)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, heads, target) -> None:
+        hp, B = self.hp, MAX_ROWS
         vec, mat = (lambda s, rep=1: self._vec(heads, s, rep)), (lambda s: self._mat(heads, s))
         self.enorm, self.hnorm = vec("nextn.enorm.weight"), vec("nextn.hnorm.weight")
         self.sh_norm = vec("nextn.shared_head_norm.weight")
@@ -53,7 +60,7 @@ class HeadRunner:
         self.g, self.u = f32(B * hp.n_ff), f32(B * hp.n_ff)
         self.ids, self.pos, self.hin = self._buf(4 * B), self._buf(4 * B), f32(B * d)
         # draft slots, each on a bindable offset
-        self.a = max(16, gpu.features.min_storage_buffer_offset_alignment)
+        self.a = max(16, self.gpu.features.min_storage_buffer_offset_alignment)
         D, a = self.max_depth, self.a
         self.s_h, self.s_logits = _up(4 * d, a), _up(4 * self.n_vocab, a)
         self.d_ids, self.d_pos, self.d_par = self._buf(a * (D + 1)), self._buf(a * D), self._buf(a * D)
