@@ -117,7 +117,7 @@ def write_model(path, arch: str = "llama", *, n_layer: int = 2, n_embd: int = 64
                 n_head: int = 4, n_head_kv: int = 2, head_dim: int | None = None, n_ctx: int = 256,
                 weight_type: str = "q8_0", embd_type: str | None = None, tied: bool | None = None,
                 seed: int = 0, metadata: dict | None = None, drop_tensors=(), shapes: dict | None = None,
-                types: dict | None = None) -> Path:
+                types: dict | None = None, rope_freqs: bool = False) -> Path:
     """Write a tiny model; returns its path. Defaults: qwen3 gets head_dim 32 (q width != n_embd),
     qwen2 a tied output. metadata: key -> (value, type[, item type]) or DROP; shapes / types:
     tensor name -> replacement ggml shape / type name."""
@@ -132,6 +132,8 @@ def write_model(path, arch: str = "llama", *, n_layer: int = 2, n_embd: int = 64
             md[key] = value
     hd = head_dim or n_embd // n_head
     spec = model_tensors(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, hd, len(vocab()[0]), tied)
+    if rope_freqs:  # llama3-style per-pair frequency factors (positive, near 1)
+        spec["rope_freqs.weight"] = (hd // 2,)
     r = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     w.kv_data[0].clear()  # the writer pre-adds general.architecture: keep full control of the keys

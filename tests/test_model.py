@@ -95,6 +95,15 @@ def test_quantized_cache_matches_reference_cache(ctx0, tiny, ctype, rotate):
     gpu.close()
 
 
+def test_rope_frequency_factors_are_applied(ctx0, tmp_path):
+    mf = load_model(write_model(tmp_path / "f.gguf", "llama", n_embd=128, n_ff=256, n_head=2, n_head_kv=1,
+                                head_dim=64, rope_freqs=True))
+    assert mf.hparams.has_rope_freqs
+    m = Model(ctx0, mf, n_ctx=64)
+    assert nmse(m.forward(PROMPT, all_logits=True).logits, RefModel(mf, n_ctx=64).forward(PROMPT).logits) <= 1e-7
+    m.close()
+
+
 def test_context_overflow_and_bad_tokens_are_clear_errors(ctx0, tiny):
     m = Model(ctx0, tiny["llama"], n_ctx=8)
     with pytest.raises(VkdflashError, match="context full"):

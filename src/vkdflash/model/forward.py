@@ -70,6 +70,11 @@ class Model:
         self.logits = f32(B * hp.n_vocab)
         self.ids, self.pos, self.params = self._buf(4 * B), self._buf(4 * B), self._buf(16)
         self.captures: dict = {}
+        self.rope_factors = None  # llama3-style per-pair frequency factors
+        if hp.has_rope_freqs:
+            from ..ref.quants import dequantize
+            t = model_file.tensor("rope_freqs.weight")
+            self.rope_factors = dequantize(np.asarray(t.data), t.type_id, t.shape[0]).reshape(-1)
         self.graphs: dict = {}
         log.info("model %s: %d layers, d %d, heads %d/%d x %d, vocab %d, rope %s base %g, weights %s",
                  hp.arch, hp.n_layer, d, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_vocab, hp.rope_mode,
@@ -119,8 +124,9 @@ class Model:
             if L.qk_norm:
                 norm.rms_norm(g, self.q, L.qk_norm[0], self.q, n * hp.n_head, hd, eps)
                 norm.rms_norm(g, self.k, L.qk_norm[1], self.k, n * hp.n_head_kv, hd, eps)
-            rope_k.rope(g, self.q, self.pos, self.q, n, hp.n_head, hd, hp.rope_base, hp.rope_mode)
-            rope_k.rope(g, self.k, self.pos, self.k, n, hp.n_head_kv, hd, hp.rope_base, hp.rope_mode)
+            for buf, heads in ((self.q, hp.n_head), (self.k, hp.n_head_kv)):
+                rope_k.rope(g, buf, self.pos, buf, n, heads, hd, hp.rope_base, hp.rope_mode,
+                            freq_factors=self.rope_factors)
             cache.write(g, i, self.k, self.v, self.pos, n)
             cache.attend(g, i, self.q, self.att, self.params, n, hp.n_head)
             mm.matmul(g, L.wo, self.att, self.o, n)

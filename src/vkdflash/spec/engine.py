@@ -31,6 +31,7 @@ class TargetView:
     output: object       # Weight (the LM head)
     output_norm: object  # f32 buffer
     n_ctx: int
+    model_file: object = None  # the target's ModelFile (next-n heads may live in it)
 
     @property
     def n_vocab(self) -> int:
@@ -38,7 +39,7 @@ class TargetView:
 
 
 def target_view(model) -> TargetView:
-    return TargetView(model.hp, model.embd, model.output, model.output_norm, model.cache.n_ctx)
+    return TargetView(model.hp, model.embd, model.output, model.output_norm, model.cache.n_ctx, model.mf)
 
 
 class Speculator:
