@@ -6,7 +6,8 @@
 // whichever activation slot and with whichever NJ or load path it is computed; `precise`
 // keeps the compiler from contracting some copies into fma and not others.
 // Shape: SPLIT lanes share a weight row (1: each lane walks its row alone, best on lavapipe),
-// each lane keeps NJ activation rows, so weights are read once per NJ activations.
+// each lane keeps NJ activation rows, so weights are read once per NJ activations, and R
+// weight rows, so each x chunk loaded serves R rows.
 // lavapipe facts behind the load paths: a storage-buffer load costs a per-lane loop, so
 // 16-byte loads (WIDE) read ~2.5x faster than 4-byte ones, and loading an x chunk once per
 // subgroup and shuffling it (XBCAST) beats every lane loading the same x.
@@ -26,6 +27,7 @@ layout(constant_id = 6) const uint ALIGN = 0u;   // WIDE: byte offset mod 16 of 
 layout(constant_id = 7) const uint TAIL = 0u;    // WIDE: blocks per row mod G
 layout(constant_id = 8) const uint JROLL = 0u;   // 1: a rolled loop over the NJ slots (compiles
                                                  // ~60x faster on LLVM without XBCAST, runs slower)
+layout(constant_id = 9) const uint R = 1u;       // weight rows per lane (WIDE, 32-value blocks)
 
 layout(binding = 0) readonly buffer W { uint w32[]; };
 layout(binding = 0) readonly buffer W4 { uvec4 w128[]; };
@@ -99,6 +101,9 @@ vec4 bit4(uint h, uint e) {  // bit e..e+3 of h, each as 16.0 or 0.0
 }
 
 // The 32 weights of chunk `sub` of the block at window byte `o`, dequantized as ggml does.
+// q8_0/q4_0/q5_0 leave out d (w holds the integers), applied once to the chunk's dot product
+const bool SCALED = TYPE == T_Q8_0 || TYPE == T_Q4_0 || TYPE == T_Q5_0;
+float dscale;
 void dequant_chunk(uint o, uint sub, out precise vec4 w[8]) {
     switch (TYPE) {
     case T_F32:
@@ -115,20 +120,21 @@ void dequant_chunk(uint o, uint sub, out precise vec4 w[8]) {
                                          a[o / 4u + 2u * k + 1u] << 16, a[o / 4u + 2u * k + 1u] & 0xFFFF0000u));
         break;
     case T_Q8_0: {
-        float d = f16_to_f32(at16(o + 0u));
-        [[unroll]] for (uint k = 0u; k < 8u; k++) w[k] = i8x4(at32(o + 2u + 4u * k)) * d;
+        dscale = f16_to_f32(at16(o + 0u));
+        [[unroll]] for (uint k = 0u; k < 8u; k++) w[k] = i8x4(at32(o + 2u + 4u * k));
         break;
     }
     case T_Q4_0: case T_Q4_1: {
         float d = f16_to_f32(at16(o + 0u));
         float m = TYPE == T_Q4_1 ? f16_to_f32(at16(o + 2u)) : 0.0;
         uint qs = TYPE == T_Q4_1 ? 4u : 2u;
+        dscale = d;
         [[unroll]] for (uint k = 0u; k < 4u; k++) {
             uint q = at32(o + qs + 4u * k);
             if (TYPE == T_Q4_1) {
                 w[k] = nib4(q, 0u) * d + m; w[k + 4u] = nib4(q, 4u) * d + m;
             } else {
-                w[k] = (nib4(q, 0u) - 8.0) * d; w[k + 4u] = (nib4(q, 4u) - 8.0) * d;
+                w[k] = nib4(q, 0u) - 8.0; w[k + 4u] = nib4(q, 4u) - 8.0;
             }
         }
         break;
@@ -137,6 +143,7 @@ void dequant_chunk(uint o, uint sub, out precise vec4 w[8]) {
         bool q51 = TYPE == T_Q5_1;
         float d = f16_to_f32(at16(o + 0u));
         float m = q51 ? f16_to_f32(at16(o + 2u)) : 0.0;
+        dscale = d;
         uint h = q51 ? 4u : 2u;
         uint qh = at32(o + h);
         [[unroll]] for (uint k = 0u; k < 4u; k++) {
@@ -145,7 +152,7 @@ void dequant_chunk(uint o, uint sub, out precise vec4 w[8]) {
             if (q51) {
                 w[k] = lo * d + m; w[k + 4u] = hi * d + m;
             } else {
-                w[k] = (lo - 16.0) * d; w[k + 4u] = (hi - 16.0) * d;
+                w[k] = lo - 16.0; w[k + 4u] = hi - 16.0;
             }
         }
         break;
@@ -201,83 +208,94 @@ void load_x(uint base, out vec4 xs[8]) {
     }
 }
 
-// acc[jj] += (chunk `sub` of the block at window byte o) . (activations xj[jj] + xb ...)
-void chunk(uint o, uint sub, uint xb, uint xj[NJ], inout precise float acc[NJ]) {
-    vec4 w[8];
-    dequant_chunk(o, sub, w);
-    if (JROLL != 0u) {
-        [[dont_unroll]] for (uint jj = 0u; jj < NJ; jj++) {
-            vec4 xs[8];
-            load_x(xj[jj] + xb, xs);
-            acc[jj] = acc[jj] + chunk_dot(w, xs);
-        }
-    } else {
-        [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
-            vec4 xs[8];
-            load_x(xj[jj] + xb, xs);
-            acc[jj] = acc[jj] + chunk_dot(w, xs);
-        }
-    }
-}
+const bool WIDE_R = WIDE_ON && QK == 32u && JROLL == 0u;
+const uint RL = WIDE_R ? R : 1u;       // rows per lane actually used
+const uint CPG = G * QK / 32u;         // 32-value chunks per group of blocks
+uint win[RL][NW];                      // each row's loaded group (a[] holds the one in use)
 
-// the chunks of the loaded block(s): block `blk` of the row at window byte o
-void blocks(uint o, uint blk, uint nb, uint xj[NJ], inout precise float acc[NJ]) {
-    if (QK == 32u) {
-        [[unroll]] for (uint i = 0u; i < nb; i++) chunk(o + i * BB, 0u, (blk + i) * 8u, xj, acc);
-    } else if (XBCAST != 0u) {
-        [[unroll]] for (uint sub = 0u; sub < 8u; sub++) chunk(o, sub, blk * 64u + sub * 8u, xj, acc);
-    } else {
-        // rolled: unrolled with 8 x loads per chunk, lavapipe's LLVM takes ~30 s to compile it
-        [[dont_unroll]] for (uint sub = 0u; sub < 8u; sub++) chunk(o, sub, blk * 64u + sub * 8u, xj, acc);
+// acc[i][jj] += chunk c of the loaded groups . activation rows xj[jj], chunk at x vec4 xb
+void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[RL][NJ]) {
+    [[unroll]] for (uint c = c0; c < c0 + count; c++) {
+        uint o = ALIGN + c / (QK / 32u) * BB, sub = c % (QK / 32u), xb = xb0 + c * 8u;
+        if (JROLL != 0u) {
+            vec4 w[8];
+            dequant_chunk(o, sub, w);
+            [[dont_unroll]] for (uint jj = 0u; jj < NJ; jj++) {
+                vec4 xs[8];
+                load_x(xj[jj] + xb, xs);
+                precise float t = SCALED ? dscale * chunk_dot(w, xs) : chunk_dot(w, xs);
+                acc[0][jj] = acc[0][jj] + t;
+            }
+        } else {
+            vec4 xs[NJ][8];
+            [[unroll]] for (uint jj = 0u; jj < NJ; jj++) load_x(xj[jj] + xb, xs[jj]);
+            [[unroll]] for (uint i = 0u; i < RL; i++) {
+                a = win[i];
+                vec4 w[8];
+                dequant_chunk(o, sub, w);
+                [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
+                    precise float t = SCALED ? dscale * chunk_dot(w, xs[jj]) : chunk_dot(w, xs[jj]);
+                    acc[i][jj] = acc[i][jj] + t;
+                }
+            }
+        }
     }
 }
 
 void main() {
-    const uint RPG = gl_WorkGroupSize.x / SPLIT;  // rows per workgroup
+    const uint RPG = gl_WorkGroupSize.x / SPLIT;  // row slots per workgroup
     uint lane = gl_LocalInvocationID.x, part = lane % SPLIT;
-    uint r = p.row_first + (gl_WorkGroupID.x * RPG + lane / SPLIT) * p.row_step;
     uint nblk = p.cols / QK, xrow = p.cols / 4u;
-    // dead lanes read a real row of their class and store nothing
-    uint rr = r < p.rows ? r : p.row_first + (p.rows - 1u - p.row_first) / p.row_step * p.row_step;
-    uint row_off = rr * nblk * BB;
+    uint r[RL], row_off[RL];
+    [[unroll]] for (uint i = 0u; i < RL; i++) {
+        r[i] = p.row_first + ((gl_WorkGroupID.x * RL + i) * RPG + lane / SPLIT) * p.row_step;
+        // dead lanes read a real row of their class and store nothing
+        uint rr = r[i] < p.rows ? r[i] : p.row_first + (p.rows - 1u - p.row_first) / p.row_step * p.row_step;
+        row_off[i] = rr * nblk * BB;
+    }
     // activation rows past n repeat row n-1: computed, never stored (no branches: every lane
     // must reach the shuffles, and SIMD CPUs would run a skipped branch anyway)
     uint xj[NJ];
     [[unroll]] for (uint jj = 0u; jj < NJ; jj++) xj[jj] = min(gl_WorkGroupID.y * NJ + jj, p.n - 1u) * xrow;
 
-    precise float acc[NJ];
-    [[unroll]] for (uint jj = 0u; jj < NJ; jj++) acc[jj] = 0.0;
+    precise float acc[RL][NJ];
+    [[unroll]] for (uint i = 0u; i < RL; i++)
+        [[unroll]] for (uint jj = 0u; jj < NJ; jj++) acc[i][jj] = 0.0;
 
-    if (WIDE_ON) {
-        uint base = (row_off - ALIGN) / 16u, ng = nblk / G;
-        for (uint g = part; g < ng; g += SPLIT) {
-            load_group(base + g * (G * BB / 16u), G);
-            blocks(ALIGN, g * G, G, xj, acc);
-        }
-        if (TAIL > 0u && part == ng % SPLIT) {
-            load_group(base + ng * (G * BB / 16u), TAIL);
-            blocks(ALIGN, ng * G, TAIL, xj, acc);
-        }
-    } else {
-        for (uint b = part; b < nblk; b += SPLIT) {
-            if (PLAIN) {
-                uint base = (row_off + b * BB) >> 2;  // plain rows are 4-byte aligned
+    uint ng = WIDE_ON ? nblk / G : nblk;
+    for (uint g = part; g < ng; g += SPLIT) {
+        [[unroll]] for (uint i = 0u; i < RL; i++) {
+            if (WIDE_ON) {
+                load_group((row_off[i] - ALIGN) / 16u + g * (G * BB / 16u), G);
+            } else if (PLAIN) {
+                uint base = (row_off[i] + g * BB) >> 2;  // plain rows are 4-byte aligned
                 [[unroll]] for (uint k = 0u; k < BB / 4u; k++) a[k] = w32[base + k];
             } else {
-                load_block(row_off + b * BB);
+                load_block(row_off[i] + g * BB);
             }
-            blocks(0u, b, 1u, xj, acc);
+            win[i] = a;
         }
+        chunks(0u, CPG, g * G * QK / 4u, xj, acc);
+    }
+    if (WIDE_ON && TAIL > 0u && part == ng % SPLIT) {
+        [[unroll]] for (uint i = 0u; i < RL; i++) {
+            load_group((row_off[i] - ALIGN) / 16u + ng * (G * BB / 16u), TAIL);
+            win[i] = a;
+        }
+        chunks(0u, TAIL * QK / 32u, ng * G * QK / 4u, xj, acc);
     }
     if (SPLIT > 1u) {
         // butterfly: a + b == b + a bitwise, so every lane of the group ends with the same sum
-        [[unroll]] for (uint jj = 0u; jj < NJ; jj++)
-            for (uint m = 1u; m < SPLIT; m <<= 1) acc[jj] = acc[jj] + subgroupShuffleXor(acc[jj], m);
+        [[unroll]] for (uint i = 0u; i < RL; i++)
+            [[unroll]] for (uint jj = 0u; jj < NJ; jj++)
+                for (uint m = 1u; m < SPLIT; m <<= 1) acc[i][jj] = acc[i][jj] + subgroupShuffleXor(acc[i][jj], m);
     }
-    if (part == 0u && r < p.rows) {
-        [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
-            uint j = gl_WorkGroupID.y * NJ + jj;
-            if (j < p.n) y[j * p.y_stride + p.row0 + r] = acc[jj];
+    [[unroll]] for (uint i = 0u; i < RL; i++) {
+        if (part == 0u && r[i] < p.rows) {
+            [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
+                uint j = gl_WorkGroupID.y * NJ + jj;
+                if (j < p.n) y[j * p.y_stride + p.row0 + r[i]] = acc[i][jj];
+            }
         }
     }
 }
