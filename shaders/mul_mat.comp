@@ -56,9 +56,10 @@ const uint G = !WIDE_ON ? 1u : (TYPE == T_Q8_0 || TYPE == T_Q4_0 || TYPE == T_Q5
     : TYPE == T_Q4_1 ? 4u : TYPE == T_Q5_1 ? 2u : 1u;
 const uint NW = 72u;  // most 32-bit words held at once: 8 q8_0 blocks at ALIGN 14 (286 bytes)
 
-// The loaded bytes as 32-bit words a[]. Blocks are only 2-byte aligned, so in the narrow path
-// window byte b holds block byte b - (odd ? 2 : 0). Offsets are compile-time constants after
-// unrolling, so only the odd/even choice is made at run time (a select, no dynamic index).
+// The loaded bytes as 32-bit words a[]; at32/at16/at8(b) read byte b on. Wide path: b counts
+// from the window start. Narrow path: blocks are only 2-byte aligned, so when `odd` the window
+// starts 2 bytes before the block and b counts from the block. Offsets are compile-time
+// constants after unrolling, so only the odd/even choice is made at run time (a select).
 uint a[NW];
 bool odd;
 uint fsh(uint lo, uint hi) { return (lo >> 16) | (hi << 16); }
