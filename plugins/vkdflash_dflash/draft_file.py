@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from gguf.constants import GGMLQuantizationType, GGUFValueType as VT
+from gguf.constants import GGUFValueType as VT
 
 from vkdflash.errors import VkdflashError
-from vkdflash.kernels.attention import MAX_HEAD_DIM
-from vkdflash.model.gguf_file import VECTOR_TYPE_IDS, WEIGHT_TYPE_IDS, GGUFFile, TensorData
-from vkdflash.model.hparams import MAX_EMBD, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, _Meta
+from vkdflash.model.gguf_file import GGUFFile, TensorData, check_tensors
+from vkdflash.model.hparams import MAX_EMBD, MAX_LAYERS, MAX_VOCAB, _Meta, read_heads
 
 ARCH = "dflash"
 DEFAULT_BLOCK_SIZE = 16
@@ -53,14 +52,7 @@ def read_hparams(gguf: GGUFFile) -> DFlashHParams:
     if arch != ARCH:
         raise VkdflashError(f"general.architecture is {arch!r}, a DFlash draft has {ARCH!r}")
     n_embd = m.int(f"{ARCH}.embedding_length", 32, MAX_EMBD)
-    n_head = m.int(f"{ARCH}.attention.head_count", 1, MAX_HEADS)
-    n_head_kv = m.int(f"{ARCH}.attention.head_count_kv", 1, n_head, default=n_head)
-    if n_head % n_head_kv:
-        raise VkdflashError(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
-    if f"{ARCH}.attention.key_length" not in md and n_embd % n_head:
-        raise VkdflashError(f"embedding_length {n_embd} is not a multiple of head_count {n_head} "
-                            f"and {ARCH}.attention.key_length is missing")
-    head_dim = m.int(f"{ARCH}.attention.key_length", 32, MAX_HEAD_DIM, default=n_embd // n_head)
+    n_head, n_head_kv, head_dim = read_heads(m, ARCH, n_embd, min_head_dim=32)
     if head_dim % 32:
         raise VkdflashError(f"head dimension {head_dim} must be a multiple of 32 (attention kernel)")
     key = f"{ARCH}.target_layers"
@@ -112,20 +104,7 @@ def check_fits(hp: DFlashHParams, gguf: GGUFFile, target_hp) -> None:
         t = gguf.tensors.get(name)
         if t is not None and len(t.shape) == 2 and t.shape[1] != target_hp.n_vocab:
             raise VkdflashError(f"draft {name} has {t.shape[1]} rows, the target vocabulary {target_hp.n_vocab}")
-    spec = expected_tensors(hp, target_hp.n_vocab)
-    for name, shape in spec.items():
-        t = gguf.tensors.get(name)
-        if t is None:
-            raise VkdflashError(f"missing tensor {name}")
-        if t.shape != shape:
-            raise VkdflashError(f"tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
-        allowed = VECTOR_TYPE_IDS if len(shape) == 1 else WEIGHT_TYPE_IDS
-        if t.type_id not in allowed:
-            names = ", ".join(GGMLQuantizationType(i).name for i in sorted(allowed))
-            raise VkdflashError(f"tensor {name} has type {t.type_name}, not supported here ({names})")
-    extra = [name for name in gguf.tensors if name not in spec]
-    if extra:
-        raise VkdflashError(f"unexpected tensor {extra[0]} (not part of a DFlash draft)")
+    check_tensors(gguf.tensors, expected_tensors(hp, target_hp.n_vocab), {}, "a DFlash draft")
 
 
 class DraftFile:

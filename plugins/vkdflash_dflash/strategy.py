@@ -20,8 +20,8 @@ from vkdflash.kernels import elementwise, matmul as mm, norm, rope as rope_k
 from vkdflash.kernels.embed import get_rows
 from vkdflash.kernels.softmax import argmax
 from vkdflash.kernels.weights import Weight
+from vkdflash.model.store import DeviceStore
 from vkdflash.ref.dflash import select_drafts
-from vkdflash.ref.quants import dequantize
 from vkdflash.runtime.graph import Graph
 from vkdflash.spec import Proposal, Strategy
 
@@ -52,7 +52,7 @@ class DFlash(Strategy):
         self.hp = hp = self.draft.hp
         self.capture_layers = hp.target_layers
         self.n_vocab = ctx.target.n_vocab
-        self._buffers, self._weights, self.graphs = [], [], {}
+        self.store = DeviceStore(ctx.gpu)
         try:
             self._load(ctx)
         except Exception:
@@ -83,22 +83,13 @@ class DFlash(Strategy):
         self.params = self._buf(16)
 
     def _buf(self, nbytes: int):
-        buf = self.gpu.buffer(max(16, nbytes))
-        self._buffers.append(buf)
-        return buf
+        return self.store.buffer(nbytes)
 
     def _mat(self, name: str) -> Weight:
-        t = self.draft.tensor(name)
-        w = Weight(self.gpu, t.type_id, t.shape[1], t.shape[0], t.data, f"dflash {name}")
-        self._weights.append(w)
-        return w
+        return self.store.matrix(self.draft.tensor(name), f"dflash {name}")
 
     def _vec(self, name: str):
-        t = self.draft.tensor(name)
-        values = dequantize(np.asarray(t.data), t.type_id, t.shape[0]).reshape(-1).astype(np.float32)
-        buf = self._buf(values.nbytes)
-        buf.write(values)
-        return buf
+        return self.store.vector(self.draft.tensor(name))
 
     # -- recording ------------------------------------------------------------------
     def _kv_rows(self, g, L: Layer, src, n: int) -> None:
@@ -145,10 +136,8 @@ class DFlash(Strategy):
         return g
 
     def _graph(self, key):
-        graph = self.graphs.get(key)
-        if graph is None:
-            graph = self.graphs[key] = (self._record_inject if key[0] == "inject" else self._record_block)(key[1])
-        return graph
+        record = self._record_inject if key[0] == "inject" else self._record_block
+        return self.store.graph(key, lambda: record(key[1]))
 
     # -- the strategy API -----------------------------------------------------------
     def begin(self, ctx) -> None:
@@ -192,12 +181,5 @@ class DFlash(Strategy):
         return Proposal(select_drafts(ids, logits, self.options.p_min))
 
     def close(self) -> None:
-        for g in self.graphs.values():
-            g.destroy()
-        self.graphs.clear()
-        for w in self._weights:
-            w.destroy()
-        for buf in self._buffers:
-            buf.destroy()
-        self._weights, self._buffers = [], []
+        self.store.close()
         self.draft.close()

@@ -18,6 +18,7 @@ from vkdflash.kernels.embed import get_rows
 from vkdflash.kernels.softmax import argmax
 from vkdflash.kernels.types import get_type
 from vkdflash.kernels.weights import Weight
+from vkdflash.model.store import DeviceStore
 from vkdflash.ref.quants import dequantize
 from vkdflash.runtime.graph import Graph
 
@@ -32,7 +33,7 @@ class HeadRunner:
     def __init__(self, gpu, heads, target, kv, max_depth: int):
         self.gpu, self.kv, self.hp, self.hidden = gpu, kv, heads.hp, heads.hidden
         self.d, self.n_vocab, self.max_depth = heads.hp.n_embd, target.n_vocab, max(1, int(max_depth))
-        self._bufs, self._weights, self.graphs = [], [], {}
+        self.store = DeviceStore(gpu)
         try:
             self._load(heads, target)
         except BaseException:
@@ -68,22 +69,13 @@ class HeadRunner:
 
     # -- weights --------------------------------------------------------------------------
     def _buf(self, nbytes: int):
-        buf = self.gpu.buffer(max(16, nbytes))
-        self._bufs.append(buf)
-        return buf
+        return self.store.buffer(nbytes)
 
     def _vec(self, heads, suffix: str, repeat: int = 1):
-        t = heads.tensor(suffix)
-        values = dequantize(np.asarray(t.data), t.type_id, t.shape[0]).reshape(-1).astype(np.float32)
-        buf = self._buf(values.nbytes * repeat)
-        buf.write(np.tile(values, repeat))
-        return buf
+        return self.store.vector(heads.tensor(suffix), repeat)
 
     def _mat(self, heads, suffix: str) -> Weight:
-        t = heads.tensor(suffix)
-        w = Weight(self.gpu, t.type_id, t.shape[1], t.shape[0], t.data, heads.name(suffix))
-        self._weights.append(w)
-        return w
+        return self.store.matrix(heads.tensor(suffix), heads.name(suffix))
 
     def _split_eh(self, heads):
         t, d = heads.tensor("nextn.eh_proj.weight"), self.d
@@ -96,8 +88,7 @@ class HeadRunner:
         else:
             full = dequantize(np.asarray(t.data), t.type_id, 2 * d).reshape(d, 2 * d)
             halves = [Weight.from_float(self.gpu, full[:, i * d:(i + 1) * d], "f32", f"{name}[{i}]") for i in range(2)]
-        self._weights += halves
-        return halves
+        return [self.store.adopt(w) for w in halves]
 
     # -- recording ------------------------------------------------------------------------
     def _fuse(self, g, n, ids, h) -> None:
@@ -158,9 +149,8 @@ class HeadRunner:
         return g
 
     def _graph(self, key):
-        if key not in self.graphs:
-            self.graphs[key] = (self._record_commit if key[0] == "commit" else self._record_draft)(key[1])
-        return self.graphs[key]
+        record = self._record_commit if key[0] == "commit" else self._record_draft
+        return self.store.graph(key, lambda: record(key[1]))
 
     # -- running --------------------------------------------------------------------------
     def commit(self, h: np.ndarray, tokens, first_pos: int) -> None:
@@ -195,11 +185,4 @@ class HeadRunner:
         return [int(t) for t in drafts]
 
     def close(self) -> None:
-        for g in self.graphs.values():
-            g.destroy()
-        self.graphs.clear()
-        for w in self._weights:
-            w.destroy()
-        for b in self._bufs:
-            b.destroy()
-        self._weights, self._bufs = [], []
+        self.store.close()

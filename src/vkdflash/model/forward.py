@@ -18,6 +18,8 @@ from ..kernels.copy import copy
 from ..kernels.embed import get_rows
 from ..kernels.weights import Weight
 from ..kv_cache import KVCache
+from ..ref.quants import dequantize
+from .store import DeviceStore
 from ..runtime.graph import Graph
 
 log = logging.getLogger("vkdflash")
@@ -55,7 +57,7 @@ class Model:
             raise VkdflashError(f"context size must be positive, got {n_ctx}")
         if hp.n_ctx_train and n_ctx > hp.n_ctx_train:
             log.warning("context %d exceeds the model's training context %d", n_ctx, hp.n_ctx_train)
-        self._buffers = []
+        self.store = DeviceStore(ctx)
         self.embd = self._mat("token_embd.weight")
         self.output = self.embd if hp.tied_output else self._mat("output.weight")
         self.output_norm = self._vec("output_norm.weight")
@@ -72,32 +74,22 @@ class Model:
         self.captures: dict = {}
         self.rope_factors = None  # llama3-style per-pair frequency factors
         if hp.has_rope_freqs:
-            from ..ref.quants import dequantize
             t = model_file.tensor("rope_freqs.weight")
             self.rope_factors = dequantize(np.asarray(t.data), t.type_id, t.shape[0]).reshape(-1)
-        self.graphs: dict = {}
         log.info("model %s: %d layers, d %d, heads %d/%d x %d, vocab %d, rope %s base %g, weights %s",
                  hp.arch, hp.n_layer, d, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_vocab, hp.rope_mode,
                  hp.rope_base, self.weight_types())
 
     # -- loading --------------------------------------------------------------------
     def _buf(self, nbytes: int):
-        buf = self.ctx.buffer(max(16, nbytes))
-        self._buffers.append(buf)
-        return buf
+        return self.store.buffer(nbytes)
 
     def _mat(self, name: str) -> Weight:
-        t = self.mf.tensor(name)
-        return Weight(self.ctx, t.type_id, t.shape[1], t.shape[0], t.data, name)
+        return self.store.matrix(self.mf.tensor(name), name)
 
     def _vec(self, name: str, repeat: int = 1):
         """A 1-D tensor as f32 (biases repeated per batch row so a plain add applies them)."""
-        from ..ref.quants import dequantize
-        t = self.mf.tensor(name)
-        values = dequantize(np.asarray(t.data), t.type_id, t.shape[0]).reshape(-1).astype(np.float32)
-        buf = self._buf(values.nbytes * repeat)
-        buf.write(np.tile(values, repeat))
-        return buf
+        return self.store.vector(self.mf.tensor(name), repeat)
 
     def weight_types(self) -> str:
         names = sorted({w.ttype.name for layer in self.layers for w in (layer.wq, layer.gate, layer.down)}
@@ -180,10 +172,7 @@ class Model:
         start = cache.n_past
         if start + n > cache.n_ctx:
             raise VkdflashError(f"context full: {start} + {n} tokens exceed -c {cache.n_ctx}")
-        key = (n, all_logits, capture)
-        graph = self.graphs.get(key)
-        if graph is None:
-            graph = self.graphs[key] = self._record(n, all_logits, capture)
+        graph = self.store.graph((n, all_logits, capture), lambda: self._record(n, all_logits, capture))
         self.ids.write(chunk.astype(np.uint32))
         self.pos.write(np.arange(start, start + n, dtype=np.uint32))
         self.params.write(np.array([start, 0, 0, 0], np.uint32))
@@ -200,15 +189,5 @@ class Model:
         self.cache.truncate(0)
 
     def close(self) -> None:
-        for g in self.graphs.values():
-            g.destroy()
-        self.graphs.clear()
+        self.store.close()
         self.cache.destroy()
-        for w in {id(w): w for L in self.layers for w in (L.wq, L.wk, L.wv, L.wo, L.gate, L.up, L.down)}.values():
-            w.destroy()
-        self.embd.destroy()
-        if self.output is not self.embd:
-            self.output.destroy()
-        for buf in self._buffers:
-            buf.destroy()
-        self._buffers.clear()

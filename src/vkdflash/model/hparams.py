@@ -81,6 +81,19 @@ class _Meta:
         return self._get(key, {VT.STRING}, "a string", None)
 
 
+def read_heads(m: "_Meta", arch: str, n_embd: int, min_head_dim: int) -> tuple[int, int, int]:
+    """(n_head, n_head_kv, head_dim) with llama.cpp's defaults and consistency checks."""
+    n_head = m.int(f"{arch}.attention.head_count", 1, MAX_HEADS)
+    n_head_kv = m.int(f"{arch}.attention.head_count_kv", 1, n_head, default=n_head)
+    if n_head % n_head_kv:
+        raise VkdflashError(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+    if f"{arch}.attention.key_length" not in m.md and n_embd % n_head:
+        raise VkdflashError(f"embedding_length {n_embd} is not a multiple of head_count {n_head} "
+                            f"and {arch}.attention.key_length is missing")
+    head_dim = m.int(f"{arch}.attention.key_length", min_head_dim, MAX_HEAD_DIM, default=n_embd // n_head)
+    return n_head, n_head_kv, head_dim
+
+
 def read_hparams(metadata: dict, value_types: dict, tensor_names) -> HParams:
     """HParams of a llama / qwen2 / qwen3 file; the tensor names decide tied output and options."""
     m = _Meta(metadata, value_types)
@@ -97,14 +110,7 @@ def read_hparams(metadata: dict, value_types: dict, tensor_names) -> HParams:
                             f"the file holds {n_tensors}")
     n_embd = m.int(f"{arch}.embedding_length", 1, MAX_EMBD)
     n_ff = m.int(f"{arch}.feed_forward_length", 1, 16 * MAX_EMBD)
-    n_head = m.int(f"{arch}.attention.head_count", 1, MAX_HEADS)
-    n_head_kv = m.int(f"{arch}.attention.head_count_kv", 1, n_head, default=n_head)
-    if n_head % n_head_kv:
-        raise VkdflashError(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
-    if f"{arch}.attention.key_length" not in metadata and n_embd % n_head:
-        raise VkdflashError(f"embedding_length {n_embd} is not a multiple of head_count {n_head} "
-                            f"and {arch}.attention.key_length is missing")
-    head_dim = m.int(f"{arch}.attention.key_length", 2, MAX_HEAD_DIM, default=n_embd // n_head)
+    n_head, n_head_kv, head_dim = read_heads(m, arch, n_embd, min_head_dim=2)
     if head_dim % 2:
         raise VkdflashError(f"head dimension {head_dim} must be even for rope")
     v_dim = m.int(f"{arch}.attention.value_length", 1, MAX_HEAD_DIM, default=head_dim)

@@ -1,0 +1,51 @@
+"""Device memory made for one model (target, DFlash draft, MTP head): freed together.
+
+Holds the weights uploaded from GGUF tensors, scratch buffers, and the graphs recorded once
+per shape and replayed."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.weights import Weight
+from ..ref.quants import dequantize
+
+
+class DeviceStore:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self._owned: list = []
+        self.graphs: dict = {}
+
+    def adopt(self, obj):
+        """Take ownership of anything with destroy()."""
+        self._owned.append(obj)
+        return obj
+
+    def buffer(self, nbytes: int):
+        return self.adopt(self.ctx.buffer(max(16, nbytes)))
+
+    def matrix(self, tensor, name: str) -> Weight:
+        """A 2-D GGUF tensor (TensorData), uploaded in its own block layout."""
+        return self.adopt(Weight(self.ctx, tensor.type_id, tensor.shape[1], tensor.shape[0], tensor.data, name))
+
+    def vector(self, tensor, repeat: int = 1):
+        """A 1-D GGUF tensor as f32, repeated `repeat` times (biases: once per batch row)."""
+        values = dequantize(np.asarray(tensor.data), tensor.type_id, tensor.shape[0]).reshape(-1).astype(np.float32)
+        buf = self.buffer(values.nbytes * repeat)
+        buf.write(np.tile(values, repeat))
+        return buf
+
+    def graph(self, key, record):
+        """The graph recorded for `key` (by record(), the first time it is asked for)."""
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = record()
+        return graph
+
+    def close(self) -> None:
+        for g in self.graphs.values():
+            g.destroy()
+        self.graphs.clear()
+        for obj in reversed(self._owned):
+            obj.destroy()
+        self._owned.clear()
