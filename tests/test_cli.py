@@ -67,3 +67,11 @@ def test_generate_streams_text_and_stats(tmp_path):
     assert "generated" in res.output and "tok/s" in res.output
     bad = run("generate", "-m", str(path), "hi", "-ctk", "q3_k")
     assert bad.exit_code == 2 and "q3_k" in bad.output
+
+
+def test_inspect_recognises_a_dflash_draft(tmp_path):
+    from dflash_fixtures import write_dflash
+    from gguf_fixtures import write_model
+    target = write_model(tmp_path / "t.gguf", "llama", n_embd=128, n_ff=256, n_head=2, n_head_kv=1, head_dim=64)
+    res = run("inspect", str(write_dflash(tmp_path / "d.gguf", target)))
+    assert res.exit_code == 0 and "DFlash draft" in res.output and "fc.weight" in res.output

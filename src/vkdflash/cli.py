@@ -13,6 +13,8 @@ from .kernels.types import CACHE_TYPES
 
 log = logging.getLogger("vkdflash")
 
+DRAFT_ARCHS = {"dflash": "a DFlash draft (--spec dflash)", "mtp": "an MTP next-n head sidecar (--spec mtp)"}
+
 DEVICE_OPTION = click.option("--device", "device", default=None, metavar="D",
                              help="Vulkan device index or name substring (env VKDFLASH_DEVICE).")
 
@@ -71,10 +73,15 @@ def devices(as_json: bool) -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 def inspect(path) -> None:
     """Show a GGUF file's metadata and tensors, and whether vkdflash can run it."""
-    from .model import inspect_file
+    from .model import GGUFFile, inspect_file
     text, problem = inspect_file(path)
     click.echo(text)
     if problem:
+        with GGUFFile(path) as f:
+            arch = f.metadata.get("general.architecture")
+        if arch in DRAFT_ARCHS:  # not a model to run on its own, but a draft for one
+            click.echo(f"{DRAFT_ARCHS[arch]}: use it with -md {path} next to its target model")
+            return
         raise VkdflashError(f"{path}: cannot run this model: {problem}")
 
 
