@@ -104,3 +104,27 @@ def test_device_choice_by_index_name_and_env(monkeypatch):
         choose_device(len(devs))
     with pytest.raises(VkdflashError, match="no Vulkan device matches"):
         choose_device("no-such-gpu-anywhere")
+
+
+def test_staging_path_for_device_memory_the_host_cannot_map(ctx0):
+    """Discrete GPUs keep weights in memory the host cannot map: writes and reads then go
+    through a staging buffer and a copy. lavapipe maps everything, so force that path."""
+    buf = ctx0.buffer(4096)
+    buf.mapped = None
+    data = np.random.default_rng(3).integers(0, 255, 1000, dtype=np.uint8)
+    buf.write(data, offset=96)
+    assert np.array_equal(buf.read(np.uint8, 1000, 96), data)
+    g = Graph(ctx0)
+    out = ctx0.buffer(4096)
+    copy(g, buf, out, 4096)
+    g.run()
+    assert np.array_equal(out.read(np.uint8, 1000, 96), data)
+    g.destroy(), out.destroy()
+
+
+def test_no_vulkan_device_is_a_one_line_error_with_install_hint(monkeypatch):
+    from vkdflash.runtime import device
+    monkeypatch.setattr(device, "list_devices", lambda: [])
+    with pytest.raises(VkdflashError, match="apt-get install") as err:
+        device.choose_device()
+    assert "\n" not in str(err.value)
