@@ -26,7 +26,7 @@ import logging
 
 from vkdflash.errors import VkdflashError
 from vkdflash.model.gguf_file import GGUFFile, ModelFile, TensorData, check_tensors, nextn_tensors
-from vkdflash.model.hparams import ARCHITECTURES, MAX_EMBD, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, _Meta, nextn_hidden
+from vkdflash.model.hparams import ARCHITECTURES, MAX_EMBD, MAX_LAYERS, _Meta, nextn_hidden, read_heads
 from vkdflash.kernels.attention import MAX_HEAD_DIM as ATTN_MAX_HEAD_DIM
 
 log = logging.getLogger("vkdflash")
@@ -147,14 +147,7 @@ def _sidecar_hparams(gf: GGUFFile, target_hp):
     if n_block - count != target_hp.n_layer:
         raise VkdflashError(f"{a}.block_count {n_block} - {count} heads = {n_block - count} trunk blocks, "
                             f"the target has {target_hp.n_layer}")
-    n_head = m.int(f"{a}.attention.head_count", 1, MAX_HEADS)
-    n_head_kv = m.int(f"{a}.attention.head_count_kv", 1, n_head, default=n_head)
-    if n_head % n_head_kv:
-        raise VkdflashError(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
-    if f"{a}.attention.key_length" not in gf.metadata and n_embd % n_head:
-        raise VkdflashError(f"embedding_length {n_embd} is not a multiple of head_count {n_head} "
-                            f"and {a}.attention.key_length is missing")
-    head_dim = m.int(f"{a}.attention.key_length", 2, MAX_HEAD_DIM, default=n_embd // n_head)
+    n_head, n_head_kv, head_dim = read_heads(m, a, n_embd, min_head_dim=2)
     hp = dataclasses.replace(
         target_hp, n_layer=target_hp.n_layer, n_ff=m.int(f"{a}.feed_forward_length", 1, 16 * MAX_EMBD),
         n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,

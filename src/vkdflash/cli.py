@@ -227,6 +227,14 @@ def plugins(as_json: bool) -> None:
         click.echo(f"  --spec {name}: {desc}")
 
 
+def emit_json(report: dict, json_path: str | None) -> None:
+    text = json.dumps(report, indent=1)
+    click.echo(text)
+    if json_path:
+        with open(json_path, "w") as f:
+            f.write(text + "\n")
+
+
 @main.group()
 def bench() -> None:
     """Measure speed (JSON output for comparisons)."""
@@ -242,11 +250,7 @@ def bench_kernels(device, json_path, reps) -> None:
     from .bench import kernels
     from .runtime.context import Context
     report = kernels(Context(device), reps)
-    text = json.dumps(report, indent=1)
-    click.echo(text)
-    if json_path:
-        with open(json_path, "w") as f:
-            f.write(text + "\n")
+    emit_json(report, json_path)
 
 
 @bench.command("model")
@@ -262,11 +266,7 @@ def bench_model(n_prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_r
     from .bench import model as bench_run
     model, tok = open_model(model_path, max(n_ctx, n_prompt + n_gen + 1), ctk, ctv, no_kv_rotation, device)
     report = bench_run(model, n_prompt, n_gen)
-    text = json.dumps(report, indent=1)
-    click.echo(text)
-    if json_path:
-        with open(json_path, "w") as f:
-            f.write(text + "\n")
+    emit_json(report, json_path)
 
 
 @bench.command("spec")
@@ -288,8 +288,4 @@ def bench_spec(prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_rota
     make = lambda stats: build_speculator(model, name, draft_model, draft_max, draft_p_min,  # noqa: E731
                                           ctkd, ctvd, not no_kv_rotation, stats)
     report = bench_run(model, tok, prompt, n_gen, make)
-    text = json.dumps(report, indent=1)
-    click.echo(text)
-    if json_path:
-        with open(json_path, "w") as f:
-            f.write(text + "\n")
+    emit_json(report, json_path)
