@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as GT
 from gguf import GGUFWriter
 from gguf.quants import quantize
 
-from gguf_fixtures import DROP, _weights
+from gguf_fixtures import DROP, _weights, finish
 from vkdflash.model.gguf_file import GGUFFile
 
 ARCH = "dflash"
@@ -99,11 +99,7 @@ def write_dflash(path, target_path, *, n_layer: int = 2, target_layers=(1, 2), b
             if len(shape) > 1 and gt != GT.F32:
                 data = quantize(data, gt)
         w.add_tensor(name, data, raw_dtype=gt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+    return finish(w, path)
 
 
 def copy_last_values(n_vocab: int, n_embd: int = 128, head_dim: int = 64, n_head: int = 2, n_ff: int = 256,

@@ -113,6 +113,15 @@ def model_tensors(arch: str, n_layer: int, n_embd: int, n_ff: int, n_head: int, 
     return t
 
 
+def finish(w: GGUFWriter, path) -> Path:
+    """Write a filled GGUFWriter out and close it."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
 def write_model(path, arch: str = "llama", *, n_layer: int = 2, n_embd: int = 64, n_ff: int = 128,
                 n_head: int = 4, n_head_kv: int = 2, head_dim: int | None = None, n_ctx: int = 256,
                 weight_type: str = "q8_0", embd_type: str | None = None, tied: bool | None = None,
@@ -146,11 +155,7 @@ def write_model(path, arch: str = "llama", *, n_layer: int = 2, n_embd: int = 64
         tname = (types or {}).get(name) or (embd_type if name == "token_embd.weight" and embd_type else weight_type)
         data, gt = _weights(r, shape, tname)
         w.add_tensor(name, data, raw_dtype=gt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+    return finish(w, path)
 
 
 def patch_tensor_info(path, name: str, *, type_id: int | None = None, offset: int | None = None,

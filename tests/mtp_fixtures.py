@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as GT
 from gguf import GGUFValueType as VT
 from gguf import GGUFWriter
 
-from gguf_fixtures import DROP, _weights, model_metadata, model_tensors, vocab
+from gguf_fixtures import DROP, _weights, finish, model_metadata, model_tensors, vocab
 
 DIMS = dict(n_embd=128, n_ff=256, n_head=2, n_head_kv=1, head_dim=64)  # head_dim 64: rotation applies
 
@@ -56,11 +56,7 @@ def _write(path, arch: str, md: dict, parts, weight_type: str, drop=(), shapes=N
     for name, shape in (extra or {}).items():
         data, gt = _weights(np.random.default_rng(1), shape, "f32")
         w.add_tensor(name, data, raw_dtype=gt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+    return finish(w, path)
 
 
 def _weights_from(x: np.ndarray, type_name: str):
