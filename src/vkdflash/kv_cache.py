@@ -56,11 +56,9 @@ class CoreCacheHooks:
     """The core's implementation of the cache-write hook (registered as plugin "core")."""
 
     @staticmethod
+    @hookimpl
     def kv_cache_write(cache, graph, layer, k_rows, v_rows, positions, n_rows):
         _caches[cache.key]._store(graph, layer, k_rows, v_rows, positions, n_rows)
-
-
-CoreCacheHooks.kv_cache_write = hookimpl(CoreCacheHooks.kv_cache_write)
 
 
 class KVCache:
