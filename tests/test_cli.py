@@ -75,3 +75,11 @@ def test_inspect_recognises_a_dflash_draft(tmp_path):
     target = write_model(tmp_path / "t.gguf", "llama", n_embd=128, n_ff=256, n_head=2, n_head_kv=1, head_dim=64)
     res = run("inspect", str(write_dflash(tmp_path / "d.gguf", target)))
     assert res.exit_code == 0 and "DFlash draft" in res.output and "fc.weight" in res.output
+
+
+def test_bad_flags_are_one_line_errors():
+    for args in (["generate", "hi", "-ctk", "q3_k"], ["nosuch"], ["generate", "--temp", "abc", "x"],
+                 ["bench", "kernels", "--reps", "0"]):
+        res = CliRunner().invoke(main, args)
+        lines = res.output.strip().splitlines()
+        assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("vkdflash: error:"), (args, res.output)

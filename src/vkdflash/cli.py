@@ -20,7 +20,19 @@ DEVICE_OPTION = click.option("--device", "device", default=None, metavar="D",
 
 
 class Cli(click.Group):
-    """Turns every VkdflashError into one line on stderr and exit status 1."""
+    """Every error is one line on stderr: VkdflashError exits 1, a bad flag or value exits 2."""
+
+    def main(self, *args, **kwargs):
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except click.exceptions.Abort:
+            click.echo("vkdflash: interrupted", err=True)
+            sys.exit(130)
+        except click.ClickException as exc:
+            hint = f" (see `{exc.ctx.command_path} --help`)" if getattr(exc, "ctx", None) else ""
+            click.echo(f"vkdflash: error: {exc.format_message()}{hint}", err=True)
+            sys.exit(exc.exit_code)
 
     def invoke(self, ctx):
         try:
