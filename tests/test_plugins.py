@@ -154,3 +154,28 @@ def test_a_strategy_cannot_reach_cache_buffers(ctx0):
     assert not any(isinstance(o, (KVCache, Buffer)) for o in objects)
     assert not re.search(r"buffer|memory", " ".join(f.name for f in type(handle.info).__dataclass_fields__.values()))
     sctx.close()
+
+
+def test_a_plugin_that_fails_to_load_is_skipped_with_one_line_warning(monkeypatch, caplog):
+    class BrokenEntryPoint:
+        name, dist = "broken", None
+
+        def load(self):
+            raise ImportError("no module named 'nowhere'")
+
+    real = plugins.entry_points
+    monkeypatch.setattr(plugins, "entry_points", lambda group: list(real(group=group)) + [BrokenEntryPoint()])
+    names = [p["name"] for p in plugins.plugin_list()]
+    assert "broken" not in names and "ngram" in names
+    assert any("plugin broken failed to load" in r.getMessage() for r in caplog.records)
+
+
+def test_a_plugin_whose_registration_raises_is_skipped(caplog):
+    class Bad:
+        @staticmethod
+        @hookimpl
+        def register_strategies(register):
+            raise RuntimeError("boom")
+    plugins.manager().register(Bad, name="bad")
+    assert "ngram" in plugins.strategies()
+    assert any("plugin bad failed to register" in r.getMessage() for r in caplog.records)
