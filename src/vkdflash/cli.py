@@ -199,6 +199,8 @@ def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, sto
         ids = tok.encode(text, add_special=True)
     if not ids:
         raise VkdflashError("the prompt encodes to no tokens")
+    if len(ids) >= model.cache.n_ctx:
+        raise VkdflashError(f"the prompt is {len(ids)} tokens, the context only {model.cache.n_ctx}: raise -c")
     sampler = Sampler(temp, top_k, top_p, min_p, None if seed < 0 else seed)
     log.info("sampling: %s", "greedy" if sampler.greedy else
              f"temp {temp}, top-k {top_k}, top-p {top_p}, min-p {min_p}, seed {seed}")
