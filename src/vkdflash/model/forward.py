@@ -69,8 +69,10 @@ class Model:
         self.x, self.xn, self.o = f32(B * d), f32(B * d), f32(B * d)
         self.q, self.k, self.v, self.att = f32(B * q), f32(B * kv), f32(B * kv), f32(B * q)
         self.gate, self.up = f32(B * hp.n_ff), f32(B * hp.n_ff)
-        self.logits = f32(B * hp.n_vocab)
-        self.ids, self.pos, self.params = self._buf(4 * B), self._buf(4 * B), self._buf(16)
+        # what the host writes or reads every step lives in mapped memory: no staging copies
+        host = lambda n: self.store.buffer(n, host=True)  # noqa: E731
+        self.logits = host(4 * B * hp.n_vocab)
+        self.ids, self.pos, self.params = host(4 * B), host(4 * B), host(16)
         self.captures: dict = {}
         self.rope_factors = None  # llama3-style per-pair frequency factors
         if hp.has_rope_freqs:
@@ -140,7 +142,7 @@ class Model:
 
     def _capture(self, layer: int):
         if layer not in self.captures:
-            self.captures[layer] = self._buf(4 * MAX_BATCH * self.hp.n_embd)
+            self.captures[layer] = self.store.buffer(4 * MAX_BATCH * self.hp.n_embd, host=True)
         return self.captures[layer]
 
     # -- running --------------------------------------------------------------------

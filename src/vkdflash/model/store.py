@@ -21,8 +21,9 @@ class DeviceStore:
         self._owned.append(obj)
         return obj
 
-    def buffer(self, nbytes: int):
-        return self.adopt(self.ctx.buffer(max(16, nbytes)))
+    def buffer(self, nbytes: int, host: bool = False):
+        """Scratch memory; host=True for what the host writes or reads every step (mapped)."""
+        return self.adopt(self.ctx.buffer(max(16, nbytes), host))
 
     def matrix(self, tensor, name: str) -> Weight:
         """A 2-D GGUF tensor (TensorData), uploaded in its own block layout."""

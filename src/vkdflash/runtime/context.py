@@ -50,6 +50,7 @@ class Context:
         self.pipelines: dict[tuple, Pipeline] = {}
         self.submit_count = 0
         self._upload_cmd = None
+        self._staging = None
         log.info("device %d: %s (%s, %s), subgroup %d, max storage range %d MiB",
                  self.index, self.features.name, self.features.vendor, self.features.driver,
                  self.features.subgroup_size, self.features.max_storage_buffer_range >> 20)
@@ -58,6 +59,14 @@ class Context:
     def buffer(self, nbytes: int, host: bool = False) -> Buffer:
         """A storage buffer; `host=True` forces host-visible memory (staging, parameters)."""
         return Buffer(self, nbytes, host)
+
+    def staging(self, nbytes: int) -> Buffer:
+        """A reused host-visible buffer of at least nbytes for copies to and from unmappable memory."""
+        if self._staging is None or self._staging.nbytes < nbytes:
+            if self._staging is not None:
+                self._staging.destroy()
+            self._staging = Buffer(self, max(nbytes, 1 << 20), host=True)
+        return self._staging
 
     def upload(self, array, host: bool = False) -> Buffer:
         data = memoryview(array).cast("B") if not hasattr(array, "tobytes") else array

@@ -20,6 +20,9 @@ def _find_memory(ctx, type_bits: int, want: int, avoid: int = 0) -> int | None:
     return None
 
 
+STAGING_BYTES = 64 << 20  # transfers through unmappable memory go in pieces of this size
+
+
 class Buffer:
     def __init__(self, ctx, nbytes: int, host: bool = False):
         vk = ctx.vk
@@ -31,11 +34,14 @@ class Buffer:
         req = vk.vkGetBufferMemoryRequirements(ctx.device, self.handle)
         local, visible = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, (
             vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
-        if host:
-            order = [visible | vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT, visible]
-        else:  # device-local and mappable (UMA, lavapipe, ReBAR), else device-local behind staging
-            order = [local | visible, local, visible]
-        mtype = next((t for t in (_find_memory(ctx, req.memoryTypeBits, w) for w in order) if t is not None), None)
+        if host:  # per-step inputs and read-backs: the host maps them, no staging copy
+            order = [(visible | vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT, 0), (visible, 0)]
+        else:
+            # VRAM the host cannot map first (discrete GPUs: the small mappable BAR heap stays
+            # free), then device-local mappable memory (UMA, lavapipe), then anything mappable
+            order = [(local, vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT), (local, 0), (visible, 0)]
+        mtype = next((t for t in (_find_memory(ctx, req.memoryTypeBits, w, a) for w, a in order)
+                      if t is not None), None)
         if mtype is None:
             raise VkdflashError(f"no memory type for a {self.nbytes}-byte buffer")
         try:
@@ -58,10 +64,11 @@ class Buffer:
         if self.mapped is not None:
             self.mapped[offset:offset + src.nbytes] = src
             return
-        staging = Buffer(self.ctx, src.nbytes, host=True)
-        staging.mapped[:] = src
-        self.ctx.copy(staging, self, src.nbytes, 0, offset)
-        staging.destroy()
+        for start in range(0, src.nbytes, STAGING_BYTES):
+            chunk = src[start:start + STAGING_BYTES]
+            staging = self.ctx.staging(chunk.nbytes)
+            staging.mapped[:chunk.nbytes] = chunk
+            self.ctx.copy(staging, self, chunk.nbytes, 0, offset + start)
 
     def read(self, dtype=np.uint8, count: int | None = None, offset: int = 0) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -69,11 +76,13 @@ class Buffer:
         nbytes = count * dtype.itemsize
         if self.mapped is not None:
             return self.mapped[offset:offset + nbytes].copy().view(dtype)
-        staging = Buffer(self.ctx, nbytes, host=True)
-        self.ctx.copy(self, staging, nbytes, offset, 0)
-        out = staging.mapped.copy().view(dtype)
-        staging.destroy()
-        return out
+        out = np.empty(nbytes, np.uint8)
+        for start in range(0, nbytes, STAGING_BYTES):
+            n = min(STAGING_BYTES, nbytes - start)
+            staging = self.ctx.staging(n)
+            self.ctx.copy(self, staging, n, offset + start, 0)
+            out[start:start + n] = staging.mapped[:n]
+        return out.view(dtype)
 
     def view(self, offset: int = 0, size: int | None = None) -> "View":
         return View(self, offset, self.nbytes - offset if size is None else size)
