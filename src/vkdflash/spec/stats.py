@@ -46,7 +46,9 @@ class SpecStats:
                 "disabled": self.disabled or None}
 
     def line(self) -> str:
-        text = (f"spec {self.strategy}: drafted {self.drafted}, accepted {self.accepted} "
-                f"({100 * self.acceptance_rate:.1f}%), tau {self.tau:.2f}, time verify {self.verify_seconds:.2f}s "
+        per_pos = " ".join(f"{a / self.steps:.2f}" for a in self.per_position[:8]) if self.steps else "-"
+        text = (f"spec {self.strategy} (draft max {self.draft_max}): drafted {self.drafted}, accepted "
+                f"{self.accepted} ({100 * self.acceptance_rate:.1f}%), tau {self.tau:.2f}, per position "
+                f"[{per_pos}{' ...' if len(self.per_position) > 8 else ''}], time verify {self.verify_seconds:.2f}s "
                 f"draft {self.draft_seconds:.2f}s inject {self.inject_seconds:.2f}s")
         return text + (f"; switched off: {self.disabled}" if self.disabled else "")
