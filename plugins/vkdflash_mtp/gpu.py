@@ -167,7 +167,7 @@ class HeadRunner:
         """m chained drafts from state h [d] at position pos and the token after it."""
         if not 1 <= m <= self.max_depth:
             raise VkdflashError(f"mtp: {m} drafts asked, this head was set up for 1..{self.max_depth}")
-        a, w = self.a, self.a // 4
+        w = self.a // 4
         self.d_ids.write(np.array([token], np.uint32))
         self.d_h.write(np.ascontiguousarray(h, np.float32).reshape(-1))
         slots = np.zeros((m, w), np.uint32)

@@ -8,16 +8,12 @@ import sys
 import click
 
 from .errors import VkdflashError
+from .cli_options import DEVICE_OPTION, model_options, open_model
 from .cli_spec import build_speculator, resolve_spec, spec_options
-from .kernels.types import CACHE_TYPES
 
 log = logging.getLogger("vkdflash")
 
 DRAFT_ARCHS = {"dflash": "a DFlash draft (--spec dflash)", "mtp": "an MTP next-n head sidecar (--spec mtp)"}
-
-DEVICE_OPTION = click.option("--device", "device", default=None, metavar="D",
-                             help="Vulkan device index or name substring (env VKDFLASH_DEVICE).")
-
 
 class Cli(click.Group):
     """Every error is one line on stderr: VkdflashError exits 1, a bad flag or value exits 2."""
@@ -133,37 +129,6 @@ def conformance(device, pattern, json_path, quick) -> None:
         sys.exit(1)
 
 
-def model_options(f):
-    """Flags shared by generate and bench model, spelled as llama.cpp spells them."""
-    opts = [
-        click.option("-m", "--model", "model_path", default=None, type=click.Path(dir_okay=False),
-                     help="GGUF file (default: the embedded SmolLM2-135M-Instruct, fetched once)."),
-        click.option("-c", "--ctx-size", "n_ctx", default=4096, show_default=True, type=click.IntRange(1, 1 << 20),
-                     help="Context size in tokens (KV cache positions)."),
-        click.option("-ctk", "--cache-type-k", "ctk", default="f16", show_default=True,
-                     type=click.Choice(CACHE_TYPES, case_sensitive=False), help="K cache type."),
-        click.option("-ctv", "--cache-type-v", "ctv", default="f16", show_default=True,
-                     type=click.Choice(CACHE_TYPES, case_sensitive=False), help="V cache type."),
-        click.option("--no-kv-rotation", is_flag=True,
-                     help="Store quantized K/V unrotated (also VKDFLASH_ATTN_ROT_DISABLE=1)."),
-        DEVICE_OPTION,
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
-
-
-def open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device):
-    from .model import default_model_path, load_model
-    from .model.forward import Model
-    from .runtime.context import Context
-    from .tokenizer import Tokenizer
-    path = model_path or default_model_path()
-    mf = load_model(path)
-    tok = Tokenizer(mf.metadata)
-    return Model(Context(device), mf, n_ctx=n_ctx, ctk=ctk, ctv=ctv, rotate=not no_kv_rotation), tok
-
-
 @main.command()
 @click.argument("prompt_arg", required=False, metavar="[PROMPT]")
 @click.option("-p", "--prompt", default=None, help="Prompt text (or give it as the argument).")
@@ -241,65 +206,6 @@ def plugins(as_json: bool) -> None:
         click.echo(f"  --spec {name}: {desc}")
 
 
-def emit_json(report: dict, json_path: str | None) -> None:
-    text = json.dumps(report, indent=1)
-    click.echo(text)
-    if json_path:
-        with open(json_path, "w") as f:
-            f.write(text + "\n")
+from .cli_bench import bench  # noqa: E402 -- the bench group lives in its own module
 
-
-@main.group()
-def bench() -> None:
-    """Measure speed (JSON output for comparisons)."""
-
-
-@bench.command("kernels")
-@DEVICE_OPTION
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, writable=True),
-              help="Write the figures to this JSON file (also printed).")
-@click.option("--reps", default=5, show_default=True, type=click.IntRange(1, 1000))
-def bench_kernels(device, json_path, reps) -> None:
-    """Matvec GB/s (4096x4096, F16/Q8_0/Q4_0) next to plain-copy GB/s, plus dispatch/submit overhead."""
-    from .bench import kernels
-    from .runtime.context import Context
-    report = kernels(Context(device), reps)
-    emit_json(report, json_path)
-
-
-@bench.command("model")
-@click.option("-p", "--n-prompt", default=128, show_default=True, type=click.IntRange(1, 1 << 16),
-              help="Prompt tokens to prefill.")
-@click.option("-n", "--n-gen", default=64, show_default=True, type=click.IntRange(2, 1 << 16),
-              help="Tokens to decode.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, writable=True),
-              help="Write the figures to this JSON file (also printed).")
-@model_options
-def bench_model(n_prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_rotation, device) -> None:
-    """Prefill and greedy decode tok/s on a fixed synthetic prompt."""
-    from .bench import model as bench_run
-    model, tok = open_model(model_path, max(n_ctx, n_prompt + n_gen + 1), ctk, ctv, no_kv_rotation, device)
-    report = bench_run(model, n_prompt, n_gen)
-    emit_json(report, json_path)
-
-
-@bench.command("spec")
-@click.option("-p", "--prompt", default=None, help="Prompt (default: a code snippet with repetition).")
-@click.option("-n", "--n-gen", default=64, show_default=True, type=click.IntRange(1, 1 << 16),
-              help="Tokens to generate (greedy) in each run.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, writable=True),
-              help="Write the figures to this JSON file (also printed).")
-@model_options
-@spec_options
-def bench_spec(prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_rotation, device,
-               spec, spec_type, draft_model, draft_max, draft_p_min, ctkd, ctvd) -> None:
-    """Greedy tok/s with a strategy next to --spec none in the same run, and the speedup."""
-    from .bench import spec as bench_run
-    name = resolve_spec(spec, spec_type, draft_model)
-    if name == "none":
-        name = "ngram"  # something to compare with when no draft model is given
-    model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
-    make = lambda stats: build_speculator(model, name, draft_model, draft_max, draft_p_min,  # noqa: E731
-                                          ctkd, ctvd, not no_kv_rotation, stats)
-    report = bench_run(model, tok, prompt, n_gen, make)
-    emit_json(report, json_path)
+main.add_command(bench)

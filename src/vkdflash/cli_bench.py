@@ -1,0 +1,73 @@
+"""`vkdflash bench`: kernels, model and speculation figures as JSON."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from .cli_options import DEVICE_OPTION, model_options, open_model
+from .cli_spec import build_speculator, resolve_spec, spec_options
+
+
+def emit_json(report: dict, json_path: str | None) -> None:
+    text = json.dumps(report, indent=1)
+    click.echo(text)
+    if json_path:
+        with open(json_path, "w") as f:
+            f.write(text + "\n")
+
+
+@click.group()
+def bench() -> None:
+    """Measure speed (JSON output for comparisons)."""
+
+
+@bench.command("kernels")
+@DEVICE_OPTION
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, writable=True),
+              help="Write the figures to this JSON file (also printed).")
+@click.option("--reps", default=5, show_default=True, type=click.IntRange(1, 1000))
+def bench_kernels(device, json_path, reps) -> None:
+    """Matvec GB/s (4096x4096, F16/Q8_0/Q4_0) next to plain-copy GB/s, plus dispatch/submit overhead."""
+    from .bench import kernels
+    from .runtime.context import Context
+    report = kernels(Context(device), reps)
+    emit_json(report, json_path)
+
+
+@bench.command("model")
+@click.option("-p", "--n-prompt", default=128, show_default=True, type=click.IntRange(1, 1 << 16),
+              help="Prompt tokens to prefill.")
+@click.option("-n", "--n-gen", default=64, show_default=True, type=click.IntRange(2, 1 << 16),
+              help="Tokens to decode.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, writable=True),
+              help="Write the figures to this JSON file (also printed).")
+@model_options
+def bench_model(n_prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_rotation, device) -> None:
+    """Prefill and greedy decode tok/s on a fixed synthetic prompt."""
+    from .bench import model as bench_run
+    model, tok = open_model(model_path, max(n_ctx, n_prompt + n_gen + 1), ctk, ctv, no_kv_rotation, device)
+    report = bench_run(model, n_prompt, n_gen)
+    emit_json(report, json_path)
+
+
+@bench.command("spec")
+@click.option("-p", "--prompt", default=None, help="Prompt (default: a code snippet with repetition).")
+@click.option("-n", "--n-gen", default=64, show_default=True, type=click.IntRange(1, 1 << 16),
+              help="Tokens to generate (greedy) in each run.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, writable=True),
+              help="Write the figures to this JSON file (also printed).")
+@model_options
+@spec_options
+def bench_spec(prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_rotation, device,
+               spec, spec_type, draft_model, draft_max, draft_p_min, ctkd, ctvd) -> None:
+    """Greedy tok/s with a strategy next to --spec none in the same run, and the speedup."""
+    from .bench import spec as bench_run
+    name = resolve_spec(spec, spec_type, draft_model)
+    if name == "none":
+        name = "ngram"  # something to compare with when no draft model is given
+    model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
+    make = lambda stats: build_speculator(model, name, draft_model, draft_max, draft_p_min,  # noqa: E731
+                                          ctkd, ctvd, not no_kv_rotation, stats)
+    report = bench_run(model, tok, prompt, n_gen, make)
+    emit_json(report, json_path)
