@@ -85,6 +85,21 @@ int round_away(float v) {
 #endif
 
 #define QZ_W(i, val) QZ_BUF[base + (i)] = uint16_t(val)
+// q[32] as ggml nibbles from word w0 on, preceded by the 32 fifth bits when q5 (q5_0, q5_1)
+#define QZ_PACK(q, q5, w0) { \
+    uint qs_ = (w0); \
+    if (q5) { \
+        uint qh_ = 0u; \
+        [[unroll]] for (uint i_ = 0; i_ < 32; i_++) qh_ |= (q[i_] >> 4) << i_; \
+        QZ_W(qs_, qh_ & 0xFFFFu); QZ_W(qs_ + 1u, qh_ >> 16); \
+        qs_ += 2u; \
+    } \
+    [[unroll]] for (uint k_ = 0; k_ < 8; k_++) { \
+        uint j_ = 2 * k_; \
+        QZ_W(qs_ + k_, (q[j_] & 15u) | ((q[j_ + 16] & 15u) << 4) | ((q[j_ + 1] & 15u) << 8) \
+                        | ((q[j_ + 17] & 15u) << 12)); \
+    } \
+}
 
 void QZ_FN(uint type, uint base, float x[32]) {
     switch (type) {
@@ -129,17 +144,7 @@ void QZ_FN(uint type, uint base, float x[32]) {
             q[i] = min(qmax, uint(max(v, 0.0)));
         }
         QZ_W(0, f32_to_f16_rn(d));
-        uint qs = 1u;
-        if (q5) {
-            uint qh = 0u;
-            [[unroll]] for (uint i = 0; i < 32; i++) qh |= (q[i] >> 4) << i;
-            QZ_W(1, qh & 0xFFFFu); QZ_W(2, qh >> 16);
-            qs = 3u;
-        }
-        [[unroll]] for (uint k = 0; k < 8; k++) {
-            uint j = 2 * k;
-            QZ_W(qs + k, (q[j] & 15u) | ((q[j + 16] & 15u) << 4) | ((q[j + 1] & 15u) << 8) | ((q[j + 17] & 15u) << 12));
-        }
+        QZ_PACK(q, q5, 1u);
         break;
     }
     case T_Q4_1: case T_Q5_1: {
@@ -158,17 +163,7 @@ void QZ_FN(uint type, uint base, float x[32]) {
         }
         QZ_W(0, f32_to_f16_rn(d));
         QZ_W(1, f32_to_f16_rn(vmin));
-        uint qs = 2u;
-        if (q5) {
-            uint qh = 0u;
-            [[unroll]] for (uint i = 0; i < 32; i++) qh |= (q[i] >> 4) << i;
-            QZ_W(2, qh & 0xFFFFu); QZ_W(3, qh >> 16);
-            qs = 4u;
-        }
-        [[unroll]] for (uint k = 0; k < 8; k++) {
-            uint j = 2 * k;
-            QZ_W(qs + k, (q[j] & 15u) | ((q[j + 16] & 15u) << 4) | ((q[j + 1] & 15u) << 8) | ((q[j + 17] & 15u) << 12));
-        }
+        QZ_PACK(q, q5, 2u);
         break;
     }
     case T_IQ4_NL: {
@@ -204,3 +199,4 @@ void QZ_FN(uint type, uint base, float x[32]) {
 }
 
 #undef QZ_W
+#undef QZ_PACK
