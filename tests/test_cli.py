@@ -83,3 +83,13 @@ def test_bad_flags_are_one_line_errors():
         res = CliRunner().invoke(main, args)
         lines = res.output.strip().splitlines()
         assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("vkdflash: error:"), (args, res.output)
+
+
+def test_conformance_reports_a_crashing_case_and_fails(monkeypatch):
+    import vkdflash.conformance as conf
+
+    def boom(ctx):
+        raise RuntimeError("driver lost\nmore")
+    monkeypatch.setattr(conf, "all_cases", lambda pattern=None, include_slow=True: [conf.Case("fake/crash", boom)])
+    res = run("conformance")
+    assert res.exit_code == 1 and "FAIL RuntimeError: driver lost" in res.output and "0 passed, 1 failed" in res.output

@@ -130,4 +130,6 @@ def run_case(ctx, case: Case) -> Result:
         res = case.run(ctx)
     except VkdflashError as exc:
         return Result(case, False, float("inf"), str(exc))
+    except Exception as exc:  # noqa: BLE001 -- a driver error fails this case, not the whole run
+        return Result(case, False, float("inf"), f"{type(exc).__name__}: {exc}".splitlines()[0])
     return compare(case, *res)
