@@ -127,6 +127,7 @@ class Speculator:
             n, nxt = verify(prop.tokens, out.logits, sampler, prop.probs)
             cache.truncate(pos + 1 + n)
             self.stats.record(len(prop.tokens), n)
+            log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), max_n, n)
             if self.strategy is not None:
                 self._committed(out, pos, 1 + n, [last] + prop.tokens[:n])
                 self._timed_inject(lambda: self.strategy.commit(self.ctx), "commit")
