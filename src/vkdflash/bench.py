@@ -113,7 +113,8 @@ def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator) -> dict:
         seconds = time.perf_counter() - t0
         if speculator is not None:
             speculator.close()
-        runs[label] = {"tokens": stats.tokens, "seconds": seconds, "decode_tps": stats.generated_tokens / seconds,
+        # decode speed after the prompt (both runs prefill the same prompt the same way)
+        runs[label] = {"tokens": stats.tokens, "seconds": seconds, "decode_tps": stats.decode_tps,
                        "stats": spec_stats.as_dict() if speculator is not None else None}
     none, sp = runs["none"], runs["spec"]
     return {"device": m.ctx.features.name, "model": m.hp.arch, "n_gen": n_gen, "prompt_tokens": len(ids),
