@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import VkdflashError
+from ..runtime.graph import Graph
 
 # reference.md section 7
 NMSE_DEFAULT = 1e-7
@@ -108,6 +109,23 @@ class Output:
 
     def destroy(self) -> None:
         self.buffer.destroy()
+
+
+def launch(ctx, out_nbytes: int, record, *inputs, dtype=np.float32) -> np.ndarray:
+    """Run one kernel once: numpy inputs are uploaded (device objects pass through), then
+    record(graph, *buffers, out_view) is recorded and run; everything is freed afterwards and
+    the guarded output comes back as a flat `dtype` array."""
+    bufs = [ctx.upload(a) if isinstance(a, np.ndarray) else a for a in inputs]
+    out, graph = Output(ctx, out_nbytes), Graph(ctx)
+    try:
+        record(graph, *bufs, out.view)
+        graph.run()
+        return out.read(dtype)
+    finally:
+        graph.destroy()
+        out.destroy()
+        for b in bufs:
+            b.destroy()
 
 
 def family_modules() -> list[str]:

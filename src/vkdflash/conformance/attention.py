@@ -7,11 +7,10 @@ from __future__ import annotations
 import numpy as np
 from gguf import quants as gq
 
-from . import NMSE_ATTENTION, Case, Output, rng, uniform
+from . import NMSE_ATTENTION, Case, launch, rng, uniform
 from ..kernels.attention import attention
 from ..kernels.types import CACHE_TYPES, get_type
 from ..ref.attention import attention as ref_attention
-from ..runtime.graph import Graph
 
 
 def make_cache(r: np.random.Generator, type_name: str, n_ctx: int, n_head_kv: int, head_dim: int):
@@ -44,17 +43,10 @@ def run_attention(ctx, q, k_raw, v_raw, first_pos, n_head_kv, k_type, v_type, ma
     """Upload, record, run once; returns f32 [n_q, n_head, hd]."""
     n_q, n_head, hd = q.shape
     (kb, kv), (vb, vv) = upload_cache(ctx, k_raw), upload_cache(ctx, v_raw)
-    bufs = [ctx.upload(q), kb, vb, ctx.upload(np.array([first_pos], np.uint32))]
-    out = Output(ctx, q.nbytes)
-    g = Graph(ctx)
-    attention(g, bufs[0], kv, vv, out.view, bufs[3], n_q, n_head, n_head_kv, hd,
-              k_type, v_type, mask, scale)
-    g.run()
-    got = out.read(np.float32).reshape(q.shape)
-    g.destroy(), out.destroy()
-    for b in bufs:
-        b.destroy()
-    return got
+
+    def record(g, qb, _kb, _vb, pb, out):
+        attention(g, qb, kv, vv, out, pb, n_q, n_head, n_head_kv, hd, k_type, v_type, mask, scale)
+    return launch(ctx, q.nbytes, record, q, kb, vb, np.array([first_pos], np.uint32)).reshape(q.shape)
 
 
 def _case(k_type, v_type, hd, n_head, n_head_kv, n_q, first_pos, mask, scale=None, slow=False):

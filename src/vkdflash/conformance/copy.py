@@ -1,23 +1,14 @@
 """Copy must move bytes exactly and stop at the end of its output."""
 from __future__ import annotations
 
-import numpy as np
-
-from . import Case, Output, rng, uniform
+from . import Case, launch, rng, uniform
 from ..kernels.copy import copy
-from ..runtime.graph import Graph
 
 
 def _case(n: int, groups: int):
     def run(ctx):
         x = uniform(rng("copy", n), n)
-        src, out = ctx.upload(x), Output(ctx, x.nbytes)
-        g = Graph(ctx)
-        copy(g, src, out.view, x.nbytes, groups)
-        g.run()
-        got = out.read(np.float32)
-        g.destroy(), src.destroy(), out.destroy()
-        return got, x
+        return launch(ctx, x.nbytes, lambda g, src, out: copy(g, src, out, x.nbytes, groups), x), x
     return Case(f"copy/f32/n={n},groups={groups}", run, metric="exact")
 
 

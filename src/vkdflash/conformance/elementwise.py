@@ -3,28 +3,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Case, Output, rng, uniform
+from . import Case, launch, rng, uniform
 from ..kernels import elementwise
 from ..ref import ops
-from ..runtime.graph import Graph
 
 
 def _case(op: str, n: int, span: float = 1.0):
     def run(ctx):
         r = rng("elementwise", op, n, span)
         a, b = uniform(r, n) * np.float32(span), uniform(r, n)
-        ab, bb, out = ctx.upload(a), ctx.upload(b), Output(ctx, a.nbytes)
-        g = Graph(ctx)
         if op == "scale":
-            elementwise.scale(g, ab, out.view, n, 0.125)
-            want = ops.scale(a, 0.125)
-        else:
-            getattr(elementwise, op)(g, ab, bb, out.view, n)
-            want = {"add": ops.add, "mul": ops.mul, "swiglu": ops.swiglu}[op](a, b)
-        g.run()
-        got = out.read(np.float32)
-        g.destroy(), ab.destroy(), bb.destroy(), out.destroy()
-        return got, want
+            got = launch(ctx, a.nbytes, lambda g, ab, out: elementwise.scale(g, ab, out, n, 0.125), a)
+            return got, ops.scale(a, 0.125)
+        got = launch(ctx, a.nbytes, lambda g, ab, bb, out: getattr(elementwise, op)(g, ab, bb, out, n), a, b)
+        return got, {"add": ops.add, "mul": ops.mul, "swiglu": ops.swiglu}[op](a, b)
     return Case(f"{op}/f32/n={n}" + (f",span={span:g}" if span != 1.0 else ""), run)
 
 

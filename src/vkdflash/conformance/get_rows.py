@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Case, Output, rng
+from . import Case, launch, rng
 from ..kernels.embed import get_rows
 from ..kernels.types import WEIGHT_TYPES, get_type
 from ..kernels.weights import Weight
 from ..ref import quants as ref
-from ..runtime.graph import Graph
 
 
 def _case(tname: str, rows: int, cols: int, n: int) -> Case:
@@ -20,14 +19,9 @@ def _case(tname: str, rows: int, cols: int, n: int) -> Case:
         raw = ref.random_blocks(r, tname, rows, cols)
         ids = r.integers(0, rows, n).astype(np.uint32)
         ids[-1] = rows - 1  # the last row, where a piece or buffer ends
-        w = Weight(ctx, tname, rows, cols, raw)
-        ib, out = ctx.upload(ids), Output(ctx, n * cols * 4)
-        g = Graph(ctx)
-        get_rows(g, w, ib, out.view, n)
-        g.run()
-        got = out.read(np.float32).reshape(n, cols)
-        g.destroy(), w.destroy(), ib.destroy(), out.destroy()
-        return got, ref.dequantize(raw, tname, cols)[ids]
+        got = launch(ctx, n * cols * 4, lambda g, w, ib, out: get_rows(g, w, ib, out, n),
+                     Weight(ctx, tname, rows, cols, raw), ids)
+        return got.reshape(n, cols), ref.dequantize(raw, tname, cols)[ids]
     return Case(f"get_rows/{tname}/rows={rows},cols={cols},n={n}", run, metric="exact")
 
 

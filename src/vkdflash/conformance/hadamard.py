@@ -1,25 +1,19 @@
 """Fast Walsh-Hadamard transform: H_n x per chunk against a float64 matrix product, and H(H x) = x."""
 from __future__ import annotations
 
-import numpy as np
-
-from . import NMSE_DEFAULT, Case, Output, rng, uniform
+from . import NMSE_DEFAULT, Case, launch, rng, uniform
 from ..kernels.hadamard import SIZES, fwht
 from ..ref.hadamard import rotate
-from ..runtime.graph import Graph
 
 
 def _case(n: int, n_rows: int, row_len: int, twice: bool):
     def run(ctx):
         x = uniform(rng("fwht", n, n_rows, row_len), n_rows, row_len)
-        src, out = ctx.upload(x), Output(ctx, x.nbytes)
-        g = Graph(ctx)
-        fwht(g, src, out.view, n_rows, row_len, n)
-        if twice:  # second pass in place
-            fwht(g, out.view, out.view, n_rows, row_len, n)
-        g.run()
-        got = out.read(np.float32).reshape(n_rows, row_len)
-        g.destroy(), src.destroy(), out.destroy()
+        def record(g, src, out):
+            fwht(g, src, out, n_rows, row_len, n)
+            if twice:  # second pass in place
+                fwht(g, out, out, n_rows, row_len, n)
+        got = launch(ctx, x.nbytes, record, x).reshape(n_rows, row_len)
         return got, x if twice else rotate(x, n)
 
     kind = "twice" if twice else "once"

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Case, Output, rng, uniform
+from . import Case, launch, rng, uniform
 from ..kernels.kv_store import cache_row_bytes, store_rows, write_positions
 from ..kernels.types import CACHE_TYPES
 from ..ref.quantize import dequantize, quant_step, quantize
-from ..runtime.graph import Graph
 
 # (row_len, n_rows, n_ctx): decode, a prompt batch, a 64-row batch, a ragged row length
 SHAPES = [(64, 1, 8), (256, 5, 40), (1024, 64, 100), (96, 7, 9)]
@@ -23,13 +22,10 @@ def _case(cache_type: str, row_len: int, n_rows: int, n_ctx: int):
         x = uniform(r, n_rows, row_len)
         pos = r.permutation(n_ctx)[:n_rows]  # distinct, unordered, non-contiguous
         rb = cache_row_bytes(row_len, cache_type)
-        src, posb, out = ctx.upload(x), ctx.buffer(4 * n_rows), Output(ctx, n_ctx * rb)
+        posb = ctx.buffer(4 * n_rows)
         write_positions(posb, pos, n_ctx)
-        g = Graph(ctx)
-        store_rows(g, src, posb, out.view, n_rows, row_len, cache_type)
-        g.run()
-        got = out.read(np.uint8).reshape(n_ctx, rb)
-        g.destroy(), src.destroy(), posb.destroy(), out.destroy()
+        got = launch(ctx, n_ctx * rb, lambda g, src, p, out: store_rows(g, src, p, out, n_rows, row_len, cache_type),
+                     x, posb, dtype=np.uint8).reshape(n_ctx, rb)
         want = got.copy()
         want[:] = 0xA5  # Output's fill: rows not stored keep it
         want[pos] = quantize(x, cache_type)

@@ -6,14 +6,11 @@ classes and tail); n = 1 (its own slot count), 7 (slots partly filled) and 64; a
 matvec. Odd shapes with n > 1 keep 3 rows: each class is a pipeline for lavapipe to compile."""
 from __future__ import annotations
 
-import numpy as np
-
-from . import NMSE_MATMUL, Case, Output, rng, uniform
+from . import NMSE_MATMUL, Case, launch, rng, uniform
 from ..kernels.matmul import matmul
 from ..kernels.types import WEIGHT_TYPES, get_type
 from ..kernels.weights import Weight
 from ..ref import quants as ref
-from ..runtime.graph import Graph
 
 
 def _case(tname: str, rows: int, cols: int, n: int, slow: bool = False) -> Case:
@@ -21,14 +18,9 @@ def _case(tname: str, rows: int, cols: int, n: int, slow: bool = False) -> Case:
         r = rng("matmul", tname, rows, cols, n)
         raw = ref.random_blocks(r, tname, rows, cols)
         x = uniform(r, n, cols)
-        w = Weight(ctx, tname, rows, cols, raw)
-        xb, out = ctx.upload(x), Output(ctx, n * rows * 4)
-        g = Graph(ctx)
-        matmul(g, w, xb, out.view, n)
-        g.run()
-        got = out.read(np.float32).reshape(n, rows)
-        g.destroy(), w.destroy(), xb.destroy(), out.destroy()
-        return got, ref.matmul(x, ref.dequantize(raw, tname, cols))
+        got = launch(ctx, n * rows * 4, lambda g, w, xb, out: matmul(g, w, xb, out, n),
+                     Weight(ctx, tname, rows, cols, raw), x)
+        return got.reshape(n, rows), ref.matmul(x, ref.dequantize(raw, tname, cols))
     return Case(f"matmul/{tname}/rows={rows},cols={cols},n={n}", run, threshold=NMSE_MATMUL, slow=slow)
 
 

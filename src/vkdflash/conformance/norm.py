@@ -1,25 +1,17 @@
 """RMSNorm (whole rows and per-head) against the float64 reference."""
 from __future__ import annotations
 
-import numpy as np
-
-from . import Case, Output, rng, uniform
+from . import Case, launch, rng, uniform
 from ..kernels.norm import rms_norm
 from ..ref import ops
-from ..runtime.graph import Graph
 
 
 def _case(n_rows: int, dim: int, eps: float, tag: str = ""):
     def run(ctx):
         r = rng("rms_norm", n_rows, dim, eps)
         x, w = uniform(r, n_rows, dim), uniform(r, dim)
-        xb, wb, out = ctx.upload(x), ctx.upload(w), Output(ctx, x.nbytes)
-        g = Graph(ctx)
-        rms_norm(g, xb, wb, out.view, n_rows, dim, eps)
-        g.run()
-        got = out.read(np.float32).reshape(n_rows, dim)
-        g.destroy(), xb.destroy(), wb.destroy(), out.destroy()
-        return got, ops.rms_norm(x, w, eps)
+        got = launch(ctx, x.nbytes, lambda g, xb, wb, out: rms_norm(g, xb, wb, out, n_rows, dim, eps), x, w)
+        return got.reshape(n_rows, dim), ops.rms_norm(x, w, eps)
     return Case(f"rms_norm/f32/{tag}rows={n_rows},dim={dim},eps={eps:g}", run)
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Case, Output, rng, uniform
+from . import Case, launch, rng, uniform
 from ..kernels.rope import rope
 from ..ref import ops
-from ..runtime.graph import Graph
 
 
 def _case(n_tokens, n_heads, head_dim, mode, freq_base, max_pos=8192, n_rot=None, factors=False):
@@ -18,13 +17,9 @@ def _case(n_tokens, n_heads, head_dim, mode, freq_base, max_pos=8192, n_rot=None
         pos[-1] = max_pos
         rot = head_dim if n_rot is None else n_rot
         ff = r.uniform(1.0, 8.0, rot // 2).astype(np.float32) if factors else None
-        xb, pb, out = ctx.upload(x), ctx.upload(pos), Output(ctx, x.nbytes)
-        g = Graph(ctx)
-        rope(g, xb, pb, out.view, n_tokens, n_heads, head_dim, freq_base, mode, n_rot, freq_factors=ff)
-        g.run()
-        got = out.read(np.float32).reshape(x.shape)
-        g.destroy(), xb.destroy(), pb.destroy(), out.destroy()
-        return got, ops.rope(x, pos, freq_base, mode, n_rot, freq_factors=ff)
+        got = launch(ctx, x.nbytes, lambda g, xb, pb, out: rope(g, xb, pb, out, n_tokens, n_heads, head_dim,
+                                                                 freq_base, mode, n_rot, freq_factors=ff), x, pos)
+        return got.reshape(x.shape), ops.rope(x, pos, freq_base, mode, n_rot, freq_factors=ff)
     extra = (f",n_rot={n_rot}" if n_rot else "") + (",freq_factors" if factors else "")
     return Case(f"rope/{mode}/f32/tokens={n_tokens},heads={n_heads},hd={head_dim},base={freq_base:g},"
                 f"pos<={max_pos}{extra}", run)

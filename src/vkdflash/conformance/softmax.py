@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import NMSE_SOFTMAX, Case, Output, rng, uniform
+from . import NMSE_SOFTMAX, Case, launch, rng, uniform
 from ..kernels.softmax import argmax, softmax
 from ..ref import ops
-from ..runtime.graph import Graph
 
 
 def _softmax_case(n_rows, n_cols, scale=1.0, masked=False):
@@ -17,13 +16,8 @@ def _softmax_case(n_rows, n_cols, scale=1.0, masked=False):
             for i in range(n_rows):
                 x[i, r.integers(1, n_cols + 1):] = -np.inf
             x[0, :] = -np.inf
-        xb, out = ctx.upload(x), Output(ctx, x.nbytes)
-        g = Graph(ctx)
-        softmax(g, xb, out.view, n_rows, n_cols, scale)
-        g.run()
-        got = out.read(np.float32).reshape(x.shape)
-        g.destroy(), xb.destroy(), out.destroy()
-        return got, ops.softmax(x, scale)
+        got = launch(ctx, x.nbytes, lambda g, xb, out: softmax(g, xb, out, n_rows, n_cols, scale), x)
+        return got.reshape(x.shape), ops.softmax(x, scale)
     name = f"softmax/f32/rows={n_rows},cols={n_cols},scale={scale:g}" + (",masked" if masked else "")
     return Case(name, run, threshold=NMSE_SOFTMAX)
 
@@ -41,12 +35,7 @@ def _argmax_case(n_rows, n_cols, special=False):
             x[3, :] = -np.inf
             x[4, :] = -0.0
             x[4, n_cols - 1] = 0.0
-        xb, out = ctx.upload(x), Output(ctx, n_rows * 4)
-        g = Graph(ctx)
-        argmax(g, xb, out.view, n_rows, n_cols)
-        g.run()
-        got = out.read(np.uint32)
-        g.destroy(), xb.destroy(), out.destroy()
+        got = launch(ctx, n_rows * 4, lambda g, xb, out: argmax(g, xb, out, n_rows, n_cols), x, dtype=np.uint32)
         return got, ops.argmax(x)
     name = f"argmax/f32/rows={n_rows},cols={n_cols}" + (",ties-nan-inf" if special else "")
     return Case(name, run, metric="exact")
