@@ -10,12 +10,15 @@
 // its output has the same bits however the queries are batched or chunked (batch invariance).
 #include "common.glsl"
 #include "types.glsl"
+#include "hadamard.glsl"
 
 layout(constant_id = 1) const uint HD = 128;     // head_dim, a multiple of 32
 layout(constant_id = 2) const uint K_TYPE = 1u;  // ggml type id of the K cache
 layout(constant_id = 3) const uint V_TYPE = 1u;  // ggml type id of the V cache
 layout(constant_id = 4) const uint G = 1u;       // heads per workgroup, all on one kv head
 layout(constant_id = 5) const uint QT = 1u;      // queries per workgroup
+layout(constant_id = 6) const uint K_ROT = 0u;   // Hadamard chunk of a rotated K cache (0: none)
+layout(constant_id = 7) const float K_ROT_SCALE = 1.0;  // f32(1/sqrt(K_ROT))
 const uint R = QT * G;                           // rows per workgroup: row r = (query r / G, head r % G)
 
 layout(binding = 0) readonly buffer Q { vec4 q_in[]; };        // [n_q, n_head, HD]
@@ -80,6 +83,7 @@ const float NO_SCORE = -3.0e38;  // finite "minus infinity": exp2(NO_SCORE - s) 
 shared float sh_m[R * gl_WorkGroupSize.x];
 shared float sh_l[R * gl_WorkGroupSize.x];
 shared vec4 sh_acc[R * HD / 4u * gl_WorkGroupSize.x];
+shared float sh_q[K_ROT > 0u ? R * HD : 1u];  // the rotated queries
 
 void main() {
     const uint LANES = gl_WorkGroupSize.x, lane = gl_LocalInvocationID.x;
@@ -96,15 +100,34 @@ void main() {
         vis_max = max(vis_max, vis[t]);
     }
 
-    // scores in log2 units, so the softmax uses exp2
+    // Q is rotated like the K cache (the caller's Q is only read), then scaled into log2
+    // units, so the softmax uses exp2
     const float qscale = p.scale * 1.4426950408889634;
     float q[R * HD];
-    [[unroll]] for (uint r = 0; r < R; r++) {
-        const uint qi = min(q0 + r / G, p.n_q - 1u);  // rows past n_q load a real query, never used
-        const uint q_off = (qi * p.n_head + h0 + r % G) * (HD / 4u);
-        [[unroll]] for (uint d = 0; d < HD; d += 4) {
-            vec4 x = q_in[q_off + d / 4u] * qscale;
-            q[r * HD + d] = x.x; q[r * HD + d + 1] = x.y; q[r * HD + d + 2] = x.z; q[r * HD + d + 3] = x.w;
+    if (K_ROT > 0u) {
+        // The lanes rotate the R rows' chunks into shared memory, one chunk each in turn: one
+        // rolled FWHT (unrolled per row, it would cost seconds of compile on lavapipe).
+        for (uint c = lane; c < R * HD / K_ROT; c += LANES) {
+            const uint r = c * K_ROT / HD, qi = min(q0 + r / G, p.n_q - 1u);
+            const uint src = (qi * p.n_head + h0 + r % G) * HD + c * K_ROT - r * HD;
+            float v[K_ROT > 0u ? K_ROT : 1u];
+            for (uint i = 0; i < K_ROT; i += 4) {
+                vec4 x = q_in[(src + i) / 4u];
+                v[i] = x.x; v[i + 1] = x.y; v[i + 2] = x.z; v[i + 3] = x.w;
+            }
+            FWHT(v, 0u, K_ROT, K_ROT_SCALE)
+            for (uint i = 0; i < K_ROT; i++) sh_q[c * K_ROT + i] = v[i];
+        }
+        barrier();
+        [[unroll]] for (uint d = 0; d < R * HD; d++) q[d] = sh_q[d] * qscale;
+    } else {
+        [[unroll]] for (uint r = 0; r < R; r++) {
+            const uint qi = min(q0 + r / G, p.n_q - 1u);  // rows past n_q load a real query, never used
+            const uint q_off = (qi * p.n_head + h0 + r % G) * (HD / 4u);
+            [[unroll]] for (uint d = 0; d < HD; d += 4) {
+                vec4 x = q_in[q_off + d / 4u] * qscale;
+                q[r * HD + d] = x.x; q[r * HD + d + 1] = x.y; q[r * HD + d + 2] = x.z; q[r * HD + d + 3] = x.w;
+            }
         }
     }
 

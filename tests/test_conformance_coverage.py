@@ -31,6 +31,17 @@ def test_every_cache_type_stored_and_every_pair_attended():
         assert has(f"attention/{k},{v}/"), (k, v)
 
 
+def test_rotating_store_for_every_quantized_type_and_q_rotation_for_every_size():
+    from vkdflash.kernels.kv_store import ROTATIONS
+    from vkdflash.kernels.types import get_type
+    for t in CACHE_TYPES:
+        if get_type(t).quantized:
+            for rot in ROTATIONS:
+                assert has(f"kv_store/{t}/rot={rot}/"), (t, rot)
+    for rot in ROTATIONS:
+        assert any(n.startswith("attention/") and n.endswith(f",qrot={rot}") for n in NAMES), rot
+
+
 def test_both_masks_both_rope_modes_and_head_dims():
     attention = [n for n in NAMES if n.startswith("attention/")]
     assert any(n.endswith(",causal") or ",causal," in n for n in attention)

@@ -22,13 +22,28 @@ def register_strategies(register) -> None:
 
 @hookspec
 def kv_cache_write(cache, graph, layer, k_rows, v_rows, positions, n_rows) -> None:
-    """THE core cache-write hook: every KV cache write in vkdflash goes through it.
+    """THE core cache-write hook: every KV cache write in vkdflash is a call of it.
+
+    When: once per write *recorded* into a Graph -- the target's forward pass, and every
+    strategy's KVHandle.write / record_write. A recorded graph replays its writes each time it
+    runs without calling the hook again (see kv_cache_written for per-run events).
 
     cache: a `vkdflash.kv_cache.CacheInfo` (name, types, rotation block sizes; no buffers);
-    graph: the runtime Graph the write is recorded into; layer: int; k_rows / v_rows: f32
-    device views [n_rows, n_head_kv * head_dim] (RoPE already applied to K); positions: a
-    device view of n_rows uint32 cache positions.
+    graph: the Graph the write is recorded into, sealed while wrappers run (recording a
+    dispatch into it raises); layer: int; k_rows / v_rows: the f32 device views written
+    [n_rows, n_head_kv * head_dim] (RoPE already applied to K; they are read, never changed);
+    positions: a device view of n_rows uint32 cache positions.
 
-    The implementation belongs to the core: it rotates whichever half is quantized and then
-    quantizes and stores. Plugins may wrap it (`@hookimpl(wrapper=True)`) to observe writes;
-    they cannot replace it -- the core checks that its implementation ran."""
+    The store belongs to the core: it rotates whichever half is quantized and quantizes, in one
+    kernel, whatever the wrappers do. A plugin implementation must be an observing wrapper,
+    `@hookimpl(wrapper=True)` that yields exactly once; any other kind is refused when the
+    plugin loads, and a wrapper that raises or breaks that rule is unregistered with a warning."""
+
+
+@hookspec
+def kv_cache_written(cache, layer, positions) -> None:
+    """After a graph ran on the GPU: once per KV cache write it performed, in recorded order.
+
+    cache: the `CacheInfo`; layer: int; positions: a numpy uint32 array, the cache positions
+    written in that run. This is the per-step event (a decode step of the target calls it once
+    per layer). A plain function; one that raises is unregistered with a warning."""

@@ -1,10 +1,12 @@
 """The KV cache: the only owner of K/V memory, with exactly one write path and one read path.
 
-write() is the core cache-write hook: it rotates whichever half is quantized (Hadamard,
-reference.md section 2) and then quantizes and stores. attend() is the matching read path:
-it rotates Q like K, runs fused attention in rotated space, and un-rotates the output.
-Nothing else in vkdflash touches the cache buffers, which is what makes a side door that
-skips the rotation (llama.cpp issue 25725, reference.md section 1) impossible here."""
+write() is the core cache-write hook: one kernel rotates whichever half is quantized (Hadamard,
+reference.md section 2) and quantizes and stores, reading the caller's rows without changing
+them. attend() is the matching read path: attention rotates Q like K in registers, runs in
+rotated space, and the output is un-rotated. The cache's buffers are owned memory
+(runtime/ownership.py): a dispatch that binds them from anywhere but these two paths is refused
+where it is recorded, and checked again when the graph is built. That is what makes a side door
+that skips the rotation (llama.cpp issue 25725, reference.md section 1) impossible here."""
 from __future__ import annotations
 
 import itertools
@@ -13,13 +15,17 @@ import os
 import weakref
 from dataclasses import dataclass
 
+import numpy as np
+
+from . import plugins
 from .errors import VkdflashError
-from .hookspecs import hookimpl
 from .kernels.attention import attention, cache_nbytes
 from .kernels.hadamard import fwht
 from .kernels.kv_store import store_rows
 from .kernels.types import CACHE_TYPES, get_type
 from .ref.hadamard import rotation_block
+from .runtime.memory import as_view
+from .runtime.ownership import Owner
 
 log = logging.getLogger("vkdflash")
 
@@ -52,13 +58,12 @@ _caches: "weakref.WeakValueDictionary[int, KVCache]" = weakref.WeakValueDictiona
 _keys = itertools.count(1)
 
 
-class CoreCacheHooks:
-    """The core's implementation of the cache-write hook (registered as plugin "core")."""
-
-    @staticmethod
-    @hookimpl
-    def kv_cache_write(cache, graph, layer, k_rows, v_rows, positions, n_rows):
-        _caches[cache.key]._store(graph, layer, k_rows, v_rows, positions, n_rows)
+def _written(info: CacheInfo, layer: int, positions, n_rows: int) -> None:
+    """After a run: tell kv_cache_written observers (if any) which positions were written."""
+    if plugins.observed("kv_cache_written"):
+        view = as_view(positions)
+        pos = view.buffer.read(np.uint32, n_rows, view.offset)
+        plugins.notify("kv_cache_written", cache=info, layer=layer, positions=pos)
 
 
 class KVCache:
@@ -76,13 +81,15 @@ class KVCache:
         self.k_rot = rotation_block(self.ctk, head_dim, "k") if rotate else 0
         self.v_rot = rotation_block(self.ctv, head_dim, "v") if rotate else 0
         self.row_len = n_head_kv * head_dim
-        self.k = [ctx.buffer(cache_nbytes(self.ctk, n_ctx, n_head_kv, head_dim)) for _ in range(n_layer)]
-        self.v = [ctx.buffer(cache_nbytes(self.ctv, n_ctx, n_head_kv, head_dim)) for _ in range(n_layer)]
+        self._owner = Owner(f"the {name} KV cache")
+        self.k = [ctx.buffer(cache_nbytes(self.ctk, n_ctx, n_head_kv, head_dim), owner=self._owner)
+                  for _ in range(n_layer)]
+        self.v = [ctx.buffer(cache_nbytes(self.ctv, n_ctx, n_head_kv, head_dim), owner=self._owner)
+                  for _ in range(n_layer)]
         self.n_past = 0  # committed positions; the rest of each buffer is stale and never read
         self.info = CacheInfo(next(_keys), name, n_layer, n_ctx, n_head_kv, head_dim, self.ctk, self.ctv,
                               self.k_rot, self.v_rot)
         _caches[self.info.key] = self
-        self._stores = 0
         log.info("%s KV cache: %d layers x %d positions, K %s (rotation %s), V %s (rotation %s)",
                  name, n_layer, n_ctx, self.ctk, f"on, n={self.k_rot}" if self.k_rot else "off",
                  self.ctv, f"on, n={self.v_rot}" if self.v_rot else "off")
@@ -98,38 +105,33 @@ class KVCache:
     # -- the one write path: the core cache-write hook ------------------------------
     def write(self, graph, layer: int, k_rows, v_rows, positions, n_rows: int) -> None:
         """Record a write of n_rows K and V rows (f32 [n_rows, n_head_kv*head_dim], RoPE already
-        applied to K) at the uint32 cache positions in `positions`, through the plugin hook so
-        wrappers observe it; the core implementation (_store) must run."""
-        from .plugins import manager
+        applied to K) at the uint32 cache positions in `positions`. Plugin wrappers of the hook
+        observe it; the store is recorded whatever they do, and the rows are only read."""
         if not 0 <= layer < self.n_layer:
             raise VkdflashError(f"{self.name} cache has layers 0..{self.n_layer - 1}, not {layer}")
-        before = self._stores
-        manager().hook.kv_cache_write(cache=self.info, graph=graph, layer=layer, k_rows=k_rows,
-                                      v_rows=v_rows, positions=positions, n_rows=n_rows)
-        if self._stores != before + 1:
-            raise VkdflashError(f"the core cache-write hook did not run for the {self.name} cache "
-                                "(a plugin wrapper bypassed it)")
+        hook_args = dict(cache=self.info, graph=graph, layer=layer, k_rows=k_rows, v_rows=v_rows,
+                         positions=positions, n_rows=n_rows)
+        with graph.sealed("kv_cache_write wrappers run (they observe a write, they cannot record one)"):
+            plugins.wrap("kv_cache_write", hook_args, lambda: self._store(graph, layer, k_rows, v_rows, positions, n_rows))
+        info = self.info  # what the graph keeps for the observers: a description, no buffers
+        graph.after_run(lambda: _written(info, layer, positions, n_rows))
 
     def _store(self, graph, layer: int, k_rows, v_rows, positions, n_rows: int) -> None:
-        """Rotate (where that half is quantized), then quantize and store; in place in k_rows/v_rows."""
-        self._stores += 1
+        """Rotate (where that half is quantized), quantize and store: one kernel per half."""
         k_view, v_view = self._views(layer)
-        if self.k_rot:
-            fwht(graph, k_rows, k_rows, n_rows, self.row_len, self.k_rot)
-        if self.v_rot:
-            fwht(graph, v_rows, v_rows, n_rows, self.row_len, self.v_rot)
-        store_rows(graph, k_rows, positions, k_view, n_rows, self.row_len, self.ctk)
-        store_rows(graph, v_rows, positions, v_view, n_rows, self.row_len, self.ctv)
+        with graph.on_behalf_of(self._owner):
+            store_rows(graph, k_rows, positions, k_view, n_rows, self.row_len, self.ctk, rotation=self.k_rot)
+            store_rows(graph, v_rows, positions, v_view, n_rows, self.row_len, self.ctv, rotation=self.v_rot)
 
     # -- the matching read path ---------------------------------------------------
     def attend(self, graph, layer: int, q, out, params, n_q: int, n_head: int, mask: str = "causal") -> None:
-        """Record out = attention(q) over this layer's cache in rotated space: q is rotated
-        in place with H_k, the output un-rotated with H_v (H is its own inverse)."""
+        """Record out = attention(q) over this layer's cache in rotated space: the kernel rotates
+        q with H_k as it reads it (q is not changed), the output is un-rotated with H_v (H is its
+        own inverse) in place in `out`."""
         k_view, v_view = self._views(layer)
-        if self.k_rot:
-            fwht(graph, q, q, n_q * n_head, self.head_dim, self.k_rot)
-        attention(graph, q, k_view, v_view, out, params, n_q, n_head, self.n_head_kv, self.head_dim,
-                  self.ctk, self.ctv, mask=mask)
+        with graph.on_behalf_of(self._owner):
+            attention(graph, q, k_view, v_view, out, params, n_q, n_head, self.n_head_kv, self.head_dim,
+                      self.ctk, self.ctv, mask=mask, q_rotation=self.k_rot)
         if self.v_rot:
             fwht(graph, out, out, n_q * n_head, self.head_dim, self.v_rot)
 

@@ -114,12 +114,16 @@ class Output:
 def launch(ctx, out_nbytes: int, record, *inputs, dtype=np.float32) -> np.ndarray:
     """Run one kernel once: numpy inputs are uploaded (device objects pass through), then
     record(graph, *buffers, out_view) is recorded and run; everything is freed afterwards and
-    the guarded output comes back as a flat `dtype` array."""
+    the guarded output comes back as a flat `dtype` array. A kernel must only read its numpy
+    inputs: one that changed is an error."""
     bufs = [ctx.upload(a) if isinstance(a, np.ndarray) else a for a in inputs]
     out, graph = Output(ctx, out_nbytes), Graph(ctx)
     try:
         record(graph, *bufs, out.view)
         graph.run()
+        for i, (a, b) in enumerate(zip(inputs, bufs)):
+            if isinstance(a, np.ndarray) and not np.array_equal(b.read(np.uint8, a.nbytes), a.reshape(-1).view(np.uint8)):
+                raise VkdflashError(f"the kernel changed its input {i}")
         return out.read(dtype)
     finally:
         graph.destroy()

@@ -1,41 +1,52 @@
 """KV-cache store: the whole cache after a store must equal the numpy quantizer's bytes in the
 named rows and stay untouched elsewhere (reference.md section 7: bit-exact with gguf-py;
-iq4_nl within one quant step of ggml's reference algorithm)."""
+iq4_nl within one quant step of ggml's reference algorithm). Rotating stores must equal the
+quantizer's bytes of the rotated rows (ref.hadamard.fwht_f32, bit-identical to the kernel's
+transform); `launch` checks that the source rows are unchanged."""
 from __future__ import annotations
 
 import numpy as np
 
 from . import Case, launch, rng, uniform
 from ..kernels.kv_store import cache_row_bytes, store_rows, write_positions
-from ..kernels.types import CACHE_TYPES
+from ..kernels.types import CACHE_TYPES, get_type
+from ..ref.hadamard import fwht_f32
 from ..ref.quantize import dequantize, quant_step, quantize
 
 # (row_len, n_rows, n_ctx): decode, a prompt batch, a 64-row batch, a ragged row length
 SHAPES = [(64, 1, 8), (256, 5, 40), (1024, 64, 100), (96, 7, 9)]
 
 
-def _case(cache_type: str, row_len: int, n_rows: int, n_ctx: int):
+# (rotation, row_len, n_rows, n_ctx): head_dim 64, 128 (two heads) and 256
+ROTATED_SHAPES = [(64, 128, 3, 8), (128, 256, 5, 12), (256, 256, 2, 4)]
+
+
+def _case(cache_type: str, row_len: int, n_rows: int, n_ctx: int, rotation: int = 0):
     exact = cache_type != "iq4_nl"  # the only type gguf-py cannot quantize
 
     def run(ctx):
-        r = rng("kv_store", cache_type, row_len, n_rows, n_ctx)
+        r = rng("kv_store", cache_type, row_len, n_rows, n_ctx, rotation)
         x = uniform(r, n_rows, row_len)
         pos = r.permutation(n_ctx)[:n_rows]  # distinct, unordered, non-contiguous
         rb = cache_row_bytes(row_len, cache_type)
         posb = ctx.buffer(4 * n_rows)
         write_positions(posb, pos, n_ctx)
-        got = launch(ctx, n_ctx * rb, lambda g, src, p, out: store_rows(g, src, p, out, n_rows, row_len, cache_type),
+        got = launch(ctx, n_ctx * rb, lambda g, src, p, out: store_rows(g, src, p, out, n_rows, row_len, cache_type,
+                                                                        rotation=rotation),
                      x, posb, dtype=np.uint8).reshape(n_ctx, rb)
         want = got.copy()
         want[:] = 0xA5  # Output's fill: rows not stored keep it
-        want[pos] = quantize(x, cache_type)
+        want[pos] = quantize(fwht_f32(x, rotation) if rotation else x, cache_type)
         if exact:
             return got, want
         return dequantize(got, cache_type), dequantize(want, cache_type), quant_step(want, cache_type)
 
-    return Case(f"kv_store/{cache_type}/row_len={row_len},rows={n_rows},n_ctx={n_ctx}", run,
+    rot = f"rot={rotation}/" if rotation else ""
+    return Case(f"kv_store/{cache_type}/{rot}row_len={row_len},rows={n_rows},n_ctx={n_ctx}", run,
                 metric="exact" if exact else "quant")
 
 
 def cases():
-    return [_case(t, *s) for t in CACHE_TYPES for s in SHAPES]
+    return ([_case(t, *s) for t in CACHE_TYPES for s in SHAPES]
+            + [_case(t, row_len, n_rows, n_ctx, rot) for t in CACHE_TYPES if get_type(t).quantized
+               for rot, row_len, n_rows, n_ctx in ROTATED_SHAPES])

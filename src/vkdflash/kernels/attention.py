@@ -4,7 +4,8 @@ Cache layout (one layer, K and V alike): n_ctx rows, row p holds position p as n
 values in the cache type's block layout; head h occupies values [h*head_dim, (h+1)*head_dim).
 The K and V types are specialization constants, so every K/V pair runs from one SPIR-V.
 Cache buffers must be readable up to the next 16-byte boundary after the last row (see
-cache_nbytes). Rotation (Hadamard) is applied outside this kernel."""
+cache_nbytes). Q is rotated like a rotated K cache inside the kernel; un-rotating the output
+is the caller's (kv_cache.attend)."""
 from __future__ import annotations
 
 import math
@@ -12,6 +13,8 @@ import struct
 
 from ..errors import VkdflashError
 from ..runtime.memory import View, as_view
+from .hadamard import scale as rotation_scale
+from .kv_store import ROTATIONS
 from .types import CACHE_TYPES, get_type
 
 LANES = 8        # invocations per workgroup; fixed, because each row's walk order depends on it
@@ -30,10 +33,12 @@ def cache_nbytes(cache_type, n_ctx: int, n_head_kv: int, head_dim: int) -> int:
 
 def attention(graph, q_view, k_view, v_view, out_view, params_view, n_q: int, n_head: int,
               n_head_kv: int, head_dim: int, k_type, v_type, mask: str = "causal",
-              scale: float | None = None) -> None:
-    """Record out = softmax(scale * Q K^T + mask) V for n_q queries at cache positions
+              scale: float | None = None, q_rotation: int = 0) -> None:
+    """Record out = softmax(scale * (H Q) K^T + mask) V for n_q queries at cache positions
     first_pos .. first_pos+n_q-1, first_pos being uint32 word 0 of `params_view` (read at run time,
-    so the host may rewrite it between replays). Q and out are f32 [n_q, n_head, head_dim].
+    so the host may rewrite it between replays). Q and out are f32 [n_q, n_head, head_dim]; H is
+    the Hadamard rotation in `q_rotation`-value chunks (0: none), applied in registers, so Q is
+    only read.
 
     mask "causal": query i sees positions 0..first_pos+i. mask "block": every query sees
     0..first_pos+n_q-1. The cache binding's row count bounds every visible length."""
@@ -59,15 +64,19 @@ def attention(graph, q_view, k_view, v_view, out_view, params_view, n_q: int, n_
     k_view, v_view = _padded(graph.ctx, k_view, "K"), _padded(graph.ctx, v_view, "V")
     if params_view.size < 4:
         raise VkdflashError("attention params buffer must hold a uint32 first_pos")
+    if q_rotation and (q_rotation not in ROTATIONS or head_dim % q_rotation):
+        raise VkdflashError(f"attention rotates Q in chunks of {', '.join(map(str, ROTATIONS))} values that "
+                            f"divide head_dim, not {q_rotation} for head_dim {head_dim}")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     gqa = n_head // n_head_kv
     g, qt = tile(n_q, gqa, head_dim)
     if -(-n_q // qt) > MAX_GROUPS:
         raise VkdflashError(f"attention takes at most {MAX_GROUPS * qt} queries per call, got {n_q}")
-    pipe = graph.ctx.pipeline("flash_attn", 5, 32, (LANES, head_dim, kt.id, vt.id, g, qt))
+    rot = (q_rotation, float(rotation_scale(q_rotation)) if q_rotation else 1.0)
+    pipe = graph.ctx.pipeline("flash_attn", 5, 32, (LANES, head_dim, kt.id, vt.id, g, qt) + rot)
     push = struct.pack("<7If", n_q, n_head, gqa, n_ctx, k_row // 2, v_row // 2, MASKS[mask], scale)
     graph.dispatch(pipe, [q_view, k_view, v_view, out_view, params_view], (n_head // g, -(-n_q // qt)), push,
-                   label=f"flash_attn/{kt.name},{vt.name}")
+                   label=f"flash_attn/{kt.name},{vt.name}" + (f",qrot{q_rotation}" if q_rotation else ""))
 
 
 def tile(n_q: int, gqa: int, head_dim: int) -> tuple[int, int]:

@@ -1,18 +1,25 @@
 """Fast Walsh-Hadamard transform over n-value chunks of f32 rows (hadamard.comp).
 
-Used for the KV-cache rotation (reference.md section 2): Q and K with n_k, V and the
-attention output with n_v = 64; `ref/hadamard.py` says which sizes a cache uses. The
-result is bit-identical to `ref.hadamard.fwht_f32` and independent of n_rows."""
+The KV-cache rotation (reference.md section 2) un-rotates the attention output with it (n_v =
+64); K, V and Q are rotated inside the store and attention kernels by the same transform
+(shaders/hadamard.glsl). `ref/hadamard.py` says which sizes a cache uses. The result is
+bit-identical to `ref.hadamard.fwht_f32` and independent of n_rows."""
 from __future__ import annotations
 
 import struct
 
+import numpy as np
+
 from ..errors import VkdflashError
-from ..ref.hadamard import scale
 from ..runtime.memory import as_view
 
 WORKGROUP = 8
 SIZES = (64, 128, 256, 512, 1024)
+
+
+def scale(n: int) -> np.float32:
+    """f32(1/sqrt(n)): the one multiply after the butterflies."""
+    return np.float32(1.0 / np.sqrt(n))
 
 
 def fwht(graph, src_view, dst_view, n_rows: int, row_len: int, n: int, workgroup: int = WORKGROUP) -> None:

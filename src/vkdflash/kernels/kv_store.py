@@ -2,7 +2,7 @@
 
 Cache layout (one layer, K or V): n_ctx rows; row p holds position p as
 n_kv_heads*head_dim values in the cache type's ggml block layout, head h at values
-[h*head_dim, (h+1)*head_dim). The positions buffer holds one uint32 per stored row and is
+[h*head_dim, (h+1)*head_dim); a rotated cache holds H x, not x. The positions buffer holds one uint32 per stored row and is
 rewritten between replays (`write_positions` checks and writes it), so one recorded graph
 serves every decoding step. Quantization is bit-exact with gguf-py (ggml's iq4_nl reference
 for iq4_nl): see shaders/quantize.glsl."""
@@ -14,9 +14,11 @@ import numpy as np
 
 from ..errors import VkdflashError
 from ..runtime.memory import as_view, pieces
+from .hadamard import scale
 from .types import CACHE_TYPES, get_type
 
 WORKGROUP = 32  # lavapipe: 8..64 measure within noise of each other; each invocation quantizes a block
+ROTATIONS = (64, 128, 256)  # Hadamard chunks a cache uses (ref.hadamard.rotation_block, head_dim <= 256)
 
 
 def cache_row_bytes(row_len: int, cache_type: str) -> int:
@@ -53,8 +55,9 @@ def write_positions(positions_buffer, positions, n_ctx: int, offset: int = 0) ->
 
 
 def store_rows(graph, src_view, positions_view, cache_view, n_rows: int, row_len: int, cache_type: str,
-               src_stride: int | None = None, workgroup: int = WORKGROUP) -> None:
-    """Record: cache[positions[r]] = quantize(src[r]) for r < n_rows.
+               src_stride: int | None = None, rotation: int = 0, workgroup: int = WORKGROUP) -> None:
+    """Record: cache[positions[r]] = quantize(H src[r]) for r < n_rows, H the Hadamard rotation
+    in `rotation`-value chunks (0: none), applied in registers: src is only read.
 
     src_view: n_rows f32 rows, `src_stride` floats apart (default row_len); positions_view:
     n_rows uint32 (see write_positions); cache_view: the whole cache (n_ctx rows). Caches
@@ -64,6 +67,9 @@ def store_rows(graph, src_view, positions_view, cache_view, n_rows: int, row_len
     stride = row_len if src_stride is None else int(src_stride)
     if n_rows <= 0:
         raise VkdflashError(f"store_rows needs at least one row, got {n_rows}")
+    if rotation and (rotation not in ROTATIONS or row_len % rotation):
+        raise VkdflashError(f"a store rotates in chunks of {', '.join(map(str, ROTATIONS))} values that "
+                            f"divide the row, not {rotation} for rows of {row_len}")
     if stride < row_len:
         raise VkdflashError(f"source stride {stride} is shorter than a row of {row_len} values")
     src, pos, cache = as_view(src_view), as_view(positions_view), as_view(cache_view)
@@ -73,13 +79,14 @@ def store_rows(graph, src_view, positions_view, cache_view, n_rows: int, row_len
         raise VkdflashError(f"positions buffer of {pos.size} bytes holds fewer than {n_rows} uint32")
     n_ctx = cache_rows(cache, row_len, cache_type)
     ctx = graph.ctx
-    pipe = ctx.pipeline("set_rows", 3, 20, (workgroup, t.id))
-    blocks = n_rows * (row_len // 32)
-    groups = -(-blocks // workgroup)
+    pipe = ctx.pipeline("set_rows", 3, 20, (workgroup, t.id, rotation, float(scale(rotation)) if rotation else 1.0))
+    units = n_rows * row_len // max(rotation, 32)
+    groups = -(-units // workgroup)
     for row0, count in _pieces(ctx, n_ctx, rb, cache.offset):
         piece = cache.buffer.view(cache.offset + row0 * rb, count * rb)
         push = struct.pack("<5I", n_rows, row_len, stride, row0, count)
-        graph.dispatch(pipe, [src, pos, piece], (groups,), push, label=f"set_rows.{t.name}")
+        graph.dispatch(pipe, [src, pos, piece], (groups,), push,
+                       label=f"set_rows.{t.name}" + (f".rot{rotation}" if rotation else ""))
 
 
 def _pieces(ctx, n_ctx: int, row_bytes: int, offset: int) -> list[tuple[int, int]]:

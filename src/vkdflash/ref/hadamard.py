@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import VkdflashError
+from ..kernels.hadamard import scale
 from ..kernels.types import get_type
 
 V_BLOCK = 64
@@ -52,10 +53,6 @@ def fwht_f32(x: np.ndarray, n: int) -> np.ndarray:
         v = np.stack([a + b, a - b], axis=2).reshape(-1, n)
         h *= 2
     return (v * scale(n)).reshape(x.shape)
-
-
-def scale(n: int) -> np.float32:
-    return np.float32(1.0 / np.sqrt(n))
 
 
 def k_block(head_dim: int) -> int:

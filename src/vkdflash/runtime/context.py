@@ -56,9 +56,10 @@ class Context:
                  self.features.subgroup_size, self.features.max_storage_buffer_range >> 20)
 
     # -- memory -------------------------------------------------------------
-    def buffer(self, nbytes: int, host: bool = False) -> Buffer:
-        """A storage buffer; `host=True` forces host-visible memory (staging, parameters)."""
-        return Buffer(self, nbytes, host)
+    def buffer(self, nbytes: int, host: bool = False, owner=None) -> Buffer:
+        """A storage buffer; `host=True` forces host-visible memory (staging, parameters);
+        `owner` (an ownership.Owner) keeps it to its owner's dispatches."""
+        return Buffer(self, nbytes, host, owner)
 
     def staging(self, nbytes: int) -> Buffer:
         """A reused host-visible buffer of at least nbytes for copies to and from unmappable memory."""
@@ -99,6 +100,8 @@ class Context:
 
     def copy(self, src: Buffer, dst: Buffer, nbytes: int, src_offset: int = 0, dst_offset: int = 0) -> None:
         """One-shot buffer copy (staging transfers)."""
+        if dst.owner is not None:
+            raise VkdflashError(f"{dst.owner.name} memory is written only by its own store kernel")
         vk = self.vk
         if self._upload_cmd is None:
             self._upload_cmd = self.command_buffer()

@@ -5,15 +5,18 @@ replay re-records nothing. Dependent dispatches are separated by a global comput
 as ggml-vulkan does; independent ones may opt out with `barrier=False`."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..errors import VkdflashError
 from .memory import as_view
+from .ownership import call_site, check_recorded, owners_of
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class Dispatch:
     pipeline: object
-    views: list
+    views: tuple
     groups: tuple
     push: bytes
     barrier: bool
@@ -21,37 +24,75 @@ class Dispatch:
 
 
 class Graph:
+    """Dispatches recorded in order. What they bind is kept to the graph: its public surface is
+    dispatch, run, timings, after_run, len and destroy."""
+
     def __init__(self, ctx, timestamps: bool = False):
         self.ctx = ctx
-        self.dispatches: list[Dispatch] = []
         self.timestamps = timestamps and ctx.features.timestamps
-        self.cmd = None
-        self.pool = None
-        self.query_pool = None
+        self._dispatches: list[Dispatch] = []
+        self._after_run: list = []
+        self._sealed: str | None = None   # why no dispatch may be recorded now
+        self._acting = None               # the Owner recording its own dispatches now
+        self._cmd = self._pool = self._query_pool = None
 
     def dispatch(self, pipeline, views, groups, push: bytes = b"", barrier: bool = True,
                  label: str | None = None) -> None:
-        assert self.cmd is None, "graph already recorded"
-        views = [as_view(v) for v in views]
+        label = label or pipeline.shader
+        if self._cmd is not None:
+            raise VkdflashError(f"{call_site()}: {label} dispatch into a graph that has already run")
+        if self._sealed and self._acting is None:
+            raise VkdflashError(f"{call_site()} recorded a {label} dispatch while {self._sealed}")
+        views = tuple(as_view(v) for v in views)
+        owners = owners_of(views)
+        for owner in owners - {self._acting}:
+            raise VkdflashError(f"{call_site()} binds {owner.name} memory in a {label} dispatch: only the "
+                                "cache's own write and attention paths may")
         assert len(views) == pipeline.n_bindings, f"{pipeline.shader}: {len(views)} views for {pipeline.n_bindings} bindings"
         assert len(push) == pipeline.push_size, f"{pipeline.shader}: push {len(push)} != {pipeline.push_size}"
         groups = tuple(int(g) for g in groups) + (1,) * (3 - len(groups))
-        self.dispatches.append(Dispatch(pipeline, views, groups, push, barrier, label or pipeline.shader))
+        d = Dispatch(pipeline, views, groups, push, barrier, label)
+        self._dispatches.append(d)
+        if owners:
+            self._acting.approve(self, d)
+
+    @contextmanager
+    def on_behalf_of(self, owner):
+        """Dispatches recorded inside may bind `owner`'s memory (the owner's own code only)."""
+        self._acting = owner
+        try:
+            yield
+        finally:
+            self._acting = None
+
+    @contextmanager
+    def sealed(self, why: str):
+        """No dispatch may be recorded inside (except on behalf of an owner): `why` says why."""
+        self._sealed = why
+        try:
+            yield
+        finally:
+            self._sealed = None
+
+    def after_run(self, fn) -> None:
+        """Call fn() after every run of this graph, once the GPU has finished it."""
+        self._after_run.append(fn)
 
     def __len__(self) -> int:
-        return len(self.dispatches)
+        return len(self._dispatches)
 
     def _record(self) -> None:
+        check_recorded(self, self._dispatches)
         ctx, vk, ffi = self.ctx, self.ctx.vk, self.ctx.ffi
-        n_desc = sum(d.pipeline.n_bindings for d in self.dispatches)
-        self.pool = vk.vkCreateDescriptorPool(ctx.device, vk.VkDescriptorPoolCreateInfo(
-            maxSets=max(1, len(self.dispatches)), poolSizeCount=1,
+        n_desc = sum(d.pipeline.n_bindings for d in self._dispatches)
+        self._pool = vk.vkCreateDescriptorPool(ctx.device, vk.VkDescriptorPoolCreateInfo(
+            maxSets=max(1, len(self._dispatches)), poolSizeCount=1,
             pPoolSizes=[vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                                 descriptorCount=max(1, n_desc))]), None)
         sets = []
-        for d in self.dispatches:
+        for d in self._dispatches:
             ds = vk.vkAllocateDescriptorSets(ctx.device, vk.VkDescriptorSetAllocateInfo(
-                descriptorPool=self.pool, descriptorSetCount=1, pSetLayouts=[d.pipeline.set_layout]))[0]
+                descriptorPool=self._pool, descriptorSetCount=1, pSetLayouts=[d.pipeline.set_layout]))[0]
             writes = [vk.VkWriteDescriptorSet(
                 dstSet=ds, dstBinding=i, descriptorCount=1,
                 descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
@@ -60,21 +101,21 @@ class Graph:
             vk.vkUpdateDescriptorSets(ctx.device, len(writes), writes, 0, None)
             sets.append(ds)
         if self.timestamps:
-            self.query_pool = vk.vkCreateQueryPool(ctx.device, vk.VkQueryPoolCreateInfo(
-                queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=2 * len(self.dispatches)), None)
+            self._query_pool = vk.vkCreateQueryPool(ctx.device, vk.VkQueryPoolCreateInfo(
+                queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=2 * len(self._dispatches)), None)
         cmd = ctx.command_buffer()
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
-        if self.query_pool:
-            vk.vkCmdResetQueryPool(cmd, self.query_pool, 0, 2 * len(self.dispatches))
+        if self._query_pool:
+            vk.vkCmdResetQueryPool(cmd, self._query_pool, 0, 2 * len(self._dispatches))
         barrier = vk.VkMemoryBarrier(
             srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
             dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
         stage = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
-        for i, (d, ds) in enumerate(zip(self.dispatches, sets)):
+        for i, (d, ds) in enumerate(zip(self._dispatches, sets)):
             if d.barrier and i:
                 vk.vkCmdPipelineBarrier(cmd, stage, stage, 0, 1, [barrier], 0, None, 0, None)
-            if self.query_pool:
-                vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, self.query_pool, 2 * i)
+            if self._query_pool:
+                vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, self._query_pool, 2 * i)
             vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline.handle)
             vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline.layout,
                                        0, 1, [ds], 0, None)
@@ -82,40 +123,42 @@ class Graph:
                 vk.vkCmdPushConstants(cmd, d.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
                                       len(d.push), ffi.from_buffer(d.push))
             vk.vkCmdDispatch(cmd, *d.groups)
-            if self.query_pool:
-                vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, self.query_pool, 2 * i + 1)
+            if self._query_pool:
+                vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, self._query_pool, 2 * i + 1)
         vk.vkEndCommandBuffer(cmd)
-        self.cmd = cmd
+        self._cmd = cmd
 
     def run(self) -> None:
         """Replay every recorded dispatch with exactly one queue submit."""
-        if self.cmd is None:
+        if self._cmd is None:
             self._record()
-        self.ctx.submit(self.cmd)
+        self.ctx.submit(self._cmd)
+        for fn in self._after_run:
+            fn()
 
     def timings(self) -> list[tuple[str, float]]:
         """(label, GPU nanoseconds) per dispatch of the last replay; empty without timestamps."""
-        if not self.query_pool:
+        if not self._query_pool:
             return []
         vk, ffi = self.ctx.vk, self.ctx.ffi
-        n = 2 * len(self.dispatches)
+        n = 2 * len(self._dispatches)
         data = ffi.new("uint64_t[]", n)
-        vk.vkGetQueryPoolResults(self.ctx.device, self.query_pool, 0, n, 8 * n, data, 8,
+        vk.vkGetQueryPoolResults(self.ctx.device, self._query_pool, 0, n, 8 * n, data, 8,
                                  vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
         period = self.ctx.features.timestamp_period_ns
-        return [(d.label, (data[2 * i + 1] - data[2 * i]) * period) for i, d in enumerate(self.dispatches)]
+        return [(d.label, (data[2 * i + 1] - data[2 * i]) * period) for i, d in enumerate(self._dispatches)]
 
     def destroy(self) -> None:
         vk, dev = self.ctx.vk, self.ctx.device
-        if self.cmd is not None:
-            vk.vkFreeCommandBuffers(dev, self.ctx.pool, 1, [self.cmd])
-            self.cmd = None
-        if self.pool is not None:
-            vk.vkDestroyDescriptorPool(dev, self.pool, None)
-            self.pool = None
-        if self.query_pool is not None:
-            vk.vkDestroyQueryPool(dev, self.query_pool, None)
-            self.query_pool = None
+        if self._cmd is not None:
+            vk.vkFreeCommandBuffers(dev, self.ctx.pool, 1, [self._cmd])
+            self._cmd = None
+        if self._pool is not None:
+            vk.vkDestroyDescriptorPool(dev, self._pool, None)
+            self._pool = None
+        if self._query_pool is not None:
+            vk.vkDestroyQueryPool(dev, self._query_pool, None)
+            self._query_pool = None
 
 
 def run_once(ctx, pipeline, views: list, groups, push: bytes = b"") -> None:

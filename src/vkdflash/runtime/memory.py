@@ -24,9 +24,10 @@ STAGING_BYTES = 64 << 20  # transfers through unmappable memory go in pieces of 
 
 
 class Buffer:
-    def __init__(self, ctx, nbytes: int, host: bool = False):
+    def __init__(self, ctx, nbytes: int, host: bool = False, owner=None):
         vk = ctx.vk
         self.ctx, self.nbytes = ctx, int(nbytes)
+        self.owner = owner  # an ownership.Owner: only its code may bind or write this memory
         usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
                  | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
         self.handle = vk.vkCreateBuffer(ctx.device, vk.VkBufferCreateInfo(
@@ -58,6 +59,8 @@ class Buffer:
             self.mapped = np.frombuffer(raw, dtype=np.uint8)
 
     def write(self, data, offset: int = 0) -> None:
+        if self.owner is not None:
+            raise VkdflashError(f"{self.owner.name} memory is written only by its own store kernel")
         src = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         if offset + src.nbytes > self.nbytes:
             raise VkdflashError(f"write of {src.nbytes} bytes at {offset} overflows a {self.nbytes}-byte buffer")

@@ -48,12 +48,13 @@ class KVHandle:
         return self._info
 
     def record_write(self, graph, layer: int, k_rows, v_rows, positions, n_rows: int) -> None:
-        """Record a write of f32 rows (device views; rotated in place when the type says so) at
-        the uint32 positions in a device view, into `graph`."""
+        """Record a write of f32 rows (device views, only read: the core rotates and quantizes as
+        it stores) at the uint32 positions in a device view, into `graph`."""
         self._cache().write(graph, layer, k_rows, v_rows, positions, n_rows)
 
     def write(self, gpu, layer: int, k_rows, v_rows, positions) -> None:
-        """Write now: host or device f32 rows [n, n_head_kv*head_dim] at host positions."""
+        """Write now: host or device f32 rows [n, n_head_kv*head_dim] at host positions. Device
+        rows are only read, so the same rows can go to any number of caches."""
         from ..runtime.graph import Graph
         pos = np.asarray(positions, np.int64).reshape(-1)
         n, width = pos.size, self._info.n_head_kv * self._info.head_dim
@@ -80,7 +81,8 @@ class KVHandle:
             b.destroy()
 
     def attend(self, graph, layer: int, q, out, params, n_q: int, n_head: int, mask: str = "causal") -> None:
-        """Record attention over this cache (the read path: Q rotated, output un-rotated)."""
+        """Record attention over this cache (the read path: Q rotated as the kernel reads it,
+        never changed; the output un-rotated in `out`)."""
         self._cache().attend(graph, layer, q, out, params, n_q, n_head, mask)
 
     def truncate(self, n: int) -> None:
