@@ -83,7 +83,7 @@ def run_contract(ctx, types, path: str, n: int, n_q: int, seed: int) -> None:
 cache_types = st.sampled_from(CACHE_TYPES)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(types=st.lists(st.tuples(cache_types, cache_types), min_size=1, max_size=3),
        path=st.sampled_from(PATHS), n=st.integers(1, 12), n_q=st.integers(1, 4),

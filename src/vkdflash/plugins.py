@@ -86,16 +86,25 @@ def _call(impl, kwargs: dict):
     return impl.function(*args, **{a: kwargs[a] for a in impl.kwargnames if a in kwargs})
 
 
+def _well_shaped(hook: str) -> list:
+    """The plugin implementations of `hook` in pluggy's call order; one of the wrong shape (see
+    _SHAPES) is unregistered with one warning instead."""
+    out = []
+    for impl in reversed(getattr(manager().hook, hook).get_hookimpls()):
+        problem = _shape_problem(hook, impl)
+        if problem:
+            _evict(impl, problem)
+        else:
+            out.append(impl)
+    return out
+
+
 def wrap(hook: str, kwargs: dict, core) -> None:
     """Run core() inside every plugin wrapper of `hook`, in pluggy's order. core() runs whatever
     the wrappers do; a wrapper that raises, does not yield exactly once, or is not a wrapper
     is unregistered with one warning."""
     running = []
-    for impl in reversed(getattr(manager().hook, hook).get_hookimpls()):
-        problem = _shape_problem(hook, impl)
-        if problem:
-            _evict(impl, problem)
-            continue
+    for impl in _well_shaped(hook):
         try:
             gen = _call(impl, kwargs)
             next(gen)
@@ -104,7 +113,12 @@ def wrap(hook: str, kwargs: dict, core) -> None:
             _evict(impl, f"its {hook} wrapper returned without yielding")
         except Exception as exc:
             _evict(impl, f"its {hook} wrapper raised {_brief(exc)}")
-    core()
+    try:
+        core()
+    except BaseException:
+        for _, gen in running:
+            gen.close()
+        raise
     for impl, gen in reversed(running):
         try:
             gen.send(None)
@@ -123,11 +137,7 @@ def observed(hook: str) -> bool:
 
 def notify(hook: str, **kwargs) -> None:
     """Call every plugin's `hook` observer; one that raises is unregistered with one warning."""
-    for impl in reversed(getattr(manager().hook, hook).get_hookimpls()):
-        problem = _shape_problem(hook, impl)
-        if problem:
-            _evict(impl, problem)
-            continue
+    for impl in _well_shaped(hook):
         try:
             _call(impl, kwargs)
         except Exception as exc:
