@@ -5,7 +5,7 @@
 // It defines: void DQ_FN(uint type, uint base, uint sub, out float v[32])
 //   base: index in DQ_BUF of the block's first 16-bit word; sub: which 32-value chunk
 //   of a 256-value K-quant block (0 for 32-value blocks).
-// Layouts follow ggml exactly (reference.md section 3; k-quants as in ggml-quants.c).
+// Layouts follow ggml exactly (docs/design.md section 3; k-quants as in ggml-quants.c).
 
 #define DQ_W(i) uint(DQ_BUF[base + (i)])
 #define DQ_B(off) ((DQ_W((off) >> 1) >> (((off) & 1u) << 3)) & 0xFFu)

@@ -1,5 +1,5 @@
 // The fast Walsh-Hadamard transform of N consecutive values of a private array, in place,
-// scaled by 1/sqrt(N) (Sylvester order, no signs: reference.md section 2). Butterflies at
+// scaled by 1/sqrt(N) (Sylvester order, no signs: docs/design.md section 2). Butterflies at
 // distance h = 1, 2, 4, ... and then one multiply, the order ref/hadamard.fwht_f32 follows,
 // so every kernel that rotates (hadamard.comp, the rotating KV store, attention's Q) gives
 // the same bits. `precise` keeps compilers from reassociating what the reference rounds.

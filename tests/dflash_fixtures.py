@@ -2,7 +2,7 @@
 
 write_dflash(path, target_path, ...) writes general.architecture "dflash", dflash.block_size,
 dflash.target_layers, tokenizer.ggml.mask_token_id, the standard dflash.* hyperparameters and
-the target's tokenizer arrays (reference.md section 4: this layout loads in llama.cpp). Keyword
+the target's tokenizer arrays (docs/design.md section 4: this layout loads in llama.cpp). Keyword
 arguments change or drop keys and tensors for the loader's rejection tests."""
 from __future__ import annotations
 

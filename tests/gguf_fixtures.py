@@ -7,7 +7,6 @@ patch_tensor_info() edits a written file's tensor directory in place.
 """
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
@@ -30,9 +29,10 @@ SMOLLM_TEMPLATE = (
     "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 DROP = object()  # metadata override value that removes the key
-# the project's read-only shared data, beside the repository (override: VKDFLASH_SHARED)
-SHARED = Path(os.environ.get("VKDFLASH_SHARED") or Path(__file__).resolve().parents[2] / "shared")
-TOKENIZER_DATA = SHARED / "data" / "tokenizer"
+# vendored fixtures (tests/data/PROVENANCE.md says where each comes from)
+DATA = Path(__file__).resolve().parent / "data"
+TOKENIZER_DATA = DATA / "tokenizer"
+LLAMACPP_TOP10 = DATA / "reference" / "smollm2-llamacpp-top10.json"
 
 
 def vocab() -> tuple[list[str], list[int], list[str]]:

@@ -287,7 +287,7 @@ def test_random_corruption_never_escapes(models, tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_loads():
-    """The real model (docs/reference.md section 8): llama, 30 layers, d 576, 9/3 heads of 64, tied output."""
+    """The real model (docs/design.md section 8): llama, 30 layers, d 576, 9/3 heads of 64, tied output."""
     from vkdflash.model import default_model_path
     with load_model(default_model_path(progress=False)) as m:
         hp = m.hparams

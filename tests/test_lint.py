@@ -10,3 +10,23 @@ def test_pyflakes_is_clean():
     res = subprocess.run([sys.executable, "-m", "pyflakes", "src", "plugins", "tests", "tools"],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_repository_stands_alone():
+    """Nothing reads the folder beside the repository, and every `docs/...md section N` that code
+    cites exists in this repository with that section."""
+    import re
+    outside = re.compile(r"\.\./shared|parents\[\d\]\s*/\s*[\"']shared|VKDFLASH_SHARED")
+    cite = re.compile(r"docs/([\w-]+\.md) sections? (\d+)")
+    offenders, missing = [], []
+    for path in [p for d in ("src", "plugins", "tests", "tools", "shaders") for p in (ROOT / d).rglob("*")
+                 if p.suffix in (".py", ".glsl", ".comp")]:
+        text = path.read_text(encoding="utf-8")
+        if outside.search(text) and path.name != "test_lint.py":
+            offenders.append(str(path.relative_to(ROOT)))
+        for doc, section in cite.findall(text):
+            target = ROOT / "docs" / doc
+            if not target.exists() or f"\n## {section}." not in target.read_text(encoding="utf-8"):
+                missing.append(f"{path.relative_to(ROOT)}: docs/{doc} section {section}")
+    assert not offenders, offenders
+    assert not missing, missing

@@ -2,19 +2,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gguf_fixtures import write_model
+from gguf_fixtures import LLAMACPP_TOP10, write_model
 from vkdflash.conformance import nmse
 from vkdflash.errors import VkdflashError
 from vkdflash.model import load_model
 from vkdflash.model.forward import Model
 from vkdflash.ref.model import RefModel
 
-NMSE_LOGITS = 2e-3  # reference.md section 7: whole-model logits
+NMSE_LOGITS = 2e-3  # docs/design.md section 7: whole-model logits
 PROMPT = [5, 17, 3, 42, 8, 23, 11, 2, 30, 7, 19, 4]
 
 
@@ -122,7 +121,6 @@ def test_rotation_env_switch(ctx0, tiny, monkeypatch):
 
 # -- SmolLM2-135M against llama.cpp's own numbers ------------------------------------------------
 
-LLAMACPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "reference" / "smollm2-llamacpp-top10.json"
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +131,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def llamacpp():
-    return json.loads(LLAMACPP.read_text())["cases"]
+    return json.loads(LLAMACPP_TOP10.read_text())["cases"]
 
 
 def log_softmax(x):

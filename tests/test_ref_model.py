@@ -17,7 +17,6 @@ from vkdflash.ref.kv import KVCache
 from vkdflash.ref.model import RefModel, RefWeights
 from vkdflash.ref.quantize import dequantize, quant_step, quantize
 
-LLAMACPP_TOP10 = F.SHARED / "data" / "reference" / "smollm2-llamacpp-top10.json"
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +180,7 @@ def test_cache_stores_rotated_quantized_bytes(ctk, ctv):
 
 def test_cache_rotation_cuts_quantization_error():
     """Attention through a rotated q4_0/q8_0 cache is closer to exact attention than unrotated
-    (reference.md section 2), and rotation is exact for an unquantized cache's math."""
+    (docs/design.md section 2), and rotation is exact for an unquantized cache's math."""
     from vkdflash.ref.attention import attention
     r = np.random.default_rng(8)
     k, v, q = _kv(r, 48), _kv(r, 48), _kv(r, 6, n_head_kv=4) / 8
@@ -246,7 +245,7 @@ def smol():
 
 @pytest.fixture(scope="module")
 def llamacpp_cases():
-    return json.loads(LLAMACPP_TOP10.read_text())["cases"]
+    return json.loads(F.LLAMACPP_TOP10.read_text())["cases"]
 
 
 @pytest.fixture(scope="module")

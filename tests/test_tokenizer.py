@@ -72,7 +72,7 @@ def test_smollm2_matches_llamacpp(smollm2):
     check_all(tok, [(c["text"], c["ids"]) for c in cases])
     assert (tok.bos_id, tok.eos_id, tok.add_bos, tok.add_eos, tok.pre) == (1, 2, False, False, "smollm")
     assert tok.eog_ids == {0, 2}  # <|endoftext|> and <|im_end|>, as llama.cpp
-    ref = json.loads((F.SHARED / "data" / "reference" / "smollm2-llamacpp-top10.json").read_text(encoding="utf-8"))
+    ref = json.loads(F.LLAMACPP_TOP10.read_text(encoding="utf-8"))
     for case in ref["cases"]:  # llama.cpp's own run: prompt ids (add_special, no BOS) and generated text
         assert tok.encode(case["prompt"]) == case["prompt_ids"]
         assert tok.decode(case["tokens"]) == case["content"]

@@ -1,6 +1,6 @@
 """llama.cpp-format DFlash draft GGUFs: keys, tensors, and whether a draft fits a target.
 
-Format (reference.md section 4): general.architecture "dflash"; dflash.block_size (u32,
+Format (docs/design.md section 4): general.architecture "dflash"; dflash.block_size (u32,
 default 16), dflash.target_layers (int array of llama.cpp layer-input ids, mandatory),
 tokenizer.ggml.mask_token_id and the standard dflash.* hyperparameters; tensors fc,
 enc.output_norm, output_norm, optional token_embd / output (else the target's) and per layer

@@ -1,4 +1,4 @@
-"""MTP drafting with next-n prediction heads (DeepSeek-V3 / GLM / Qwen3.5 style, reference.md 5).
+"""MTP drafting with next-n prediction heads (DeepSeek-V3 / GLM / Qwen3.5 style, docs/design.md 5).
 
 The head reads the target's state h_i and the embedding of the next token t_{i+1}, runs one
 decoder block with its own KV cache and predicts t_{i+2}; drafting chains it on its own output

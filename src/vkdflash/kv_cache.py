@@ -1,12 +1,12 @@
 """The KV cache: the only owner of K/V memory, with exactly one write path and one read path.
 
 write() is the core cache-write hook: one kernel rotates whichever half is quantized (Hadamard,
-reference.md section 2) and quantizes and stores, reading the caller's rows without changing
+docs/design.md section 2) and quantizes and stores, reading the caller's rows without changing
 them. attend() is the matching read path: attention rotates Q like K in registers, runs in
 rotated space, and the output is un-rotated. The cache's buffers are owned memory
 (runtime/ownership.py): a dispatch that binds them from anywhere but these two paths is refused
 where it is recorded, and checked again when the graph is built. That is what makes a side door
-that skips the rotation (llama.cpp issue 25725, reference.md section 1) impossible here."""
+that skips the rotation (llama.cpp issue 25725, docs/design.md section 1) impossible here."""
 from __future__ import annotations
 
 import itertools

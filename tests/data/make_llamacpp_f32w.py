@@ -9,7 +9,7 @@ with llama_model_quantize(ftype=LLAMA_FTYPE_ALL_F32, allow_requantize) to smol_f
 run with that library through llama-cpp-python's ctypes layer:
   LLAMA_CPP_LIB_PATH=.../build/bin PYTHONPATH=<sdist dir> python make_llamacpp_f32w.py smol_f32.gguf
 Inputs: the prompt ids + the first 31 greedy tokens of each case of
-/work/shared/data/reference/smollm2-llamacpp-top10.json, one batch per case, 2 threads.
+tests/data/reference/smollm2-llamacpp-top10.json, one batch per case, 2 threads.
 Records, per config, the top-10 log-probabilities at the 32 positions that predict the tokens, and
 for quantized caches the layer-0 K and V cache bytes of case 0 (llama_state_seq_get_data)."""
 import base64
@@ -23,7 +23,7 @@ import llama_cpp.llama_cpp as L
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-REF = Path(__file__).resolve().parents[3] / "shared/data/reference/smollm2-llamacpp-top10.json"
+REF = Path(__file__).resolve().parent / "reference" / "smollm2-llamacpp-top10.json"
 TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20}
 # name -> (cache type, flash attention); a quantized V cache needs flash attention
 CONFIGS = {"f32": ("f32", 0), "f16": ("f16", 1)}

@@ -2,7 +2,7 @@
 
 Each module in this package defines `cases()` yielding Case objects; the runner finds the
 modules itself, so adding a kernel family means adding one module here. Method and
-thresholds: reference.md section 7 (seeded inputs in [-1, 1], NMSE, NaN fails, infinities
+thresholds: docs/design.md section 7 (seeded inputs in [-1, 1], NMSE, NaN fails, infinities
 must match in sign, a guard region after every output stays untouched)."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import VkdflashError
 from ..runtime.graph import Graph
 
-# reference.md section 7
+# docs/design.md section 7
 NMSE_DEFAULT = 1e-7
 NMSE_SOFTMAX = 1e-6
 NMSE_MATMUL = 5e-4

@@ -1,5 +1,5 @@
 """KV-cache store: the whole cache after a store must equal the numpy quantizer's bytes in the
-named rows and stay untouched elsewhere (reference.md section 7: bit-exact with gguf-py;
+named rows and stay untouched elsewhere (docs/design.md section 7: bit-exact with gguf-py;
 iq4_nl within one quant step of ggml's reference algorithm). Rotating stores must equal the
 quantizer's bytes of the rotated rows (ref.hadamard.fwht_f32, bit-identical to the kernel's
 transform); `launch` checks that the source rows are unchanged."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import struct
 
-WORKGROUP = 8  # lavapipe streams best with few, narrow workgroups (reference.md section 9)
+WORKGROUP = 8  # lavapipe streams best with few, narrow workgroups (docs/design.md section 9)
 # lavapipe stops any invocation after 65535 loop iterations in total: never ask more of one lane.
 MAX_ITERATIONS = 65535
 

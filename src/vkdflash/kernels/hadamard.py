@@ -1,6 +1,6 @@
 """Fast Walsh-Hadamard transform over n-value chunks of f32 rows (hadamard.comp).
 
-The KV-cache rotation (reference.md section 2) un-rotates the attention output with it (n_v =
+The KV-cache rotation (docs/design.md section 2) un-rotates the attention output with it (n_v =
 64); K, V and Q are rotated inside the store and attention kernels by the same transform
 (shaders/hadamard.glsl). `ref/hadamard.py` says which sizes a cache uses. The result is
 bit-identical to `ref.hadamard.fwht_f32` and independent of n_rows."""

@@ -1,4 +1,4 @@
-"""numpy reference of DFlash block-diffusion drafting (reference.md section 4), the GPU plugin's oracle.
+"""numpy reference of DFlash block-diffusion drafting (docs/design.md section 4), the GPU plugin's oracle.
 
 Inject, for each committed position p, with features = [h_L1 | h_L2 | ...] (the residual stream
 entering target layers L_1..L_K, llama.cpp layer-input ids):

@@ -1,4 +1,4 @@
-"""numpy Walsh-Hadamard rotation of quantized KV caches (llama.cpp PR 21038; reference.md section 2).
+"""numpy Walsh-Hadamard rotation of quantized KV caches (llama.cpp PR 21038; docs/design.md section 2).
 
 H_n is the Sylvester matrix scaled by 1/sqrt(n): orthonormal, symmetric, H_n @ H_n = I. It is
 applied block-diagonally over consecutive n-value chunks of each head vector: K (and Q) with

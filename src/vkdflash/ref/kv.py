@@ -1,4 +1,4 @@
-"""numpy KV cache with the GPU cache's semantics: one write path, one read path (reference.md 2, 3).
+"""numpy KV cache with the GPU cache's semantics: one write path, one read path (docs/design.md 2, 3).
 
 Write (`write`): K and V arrive after RoPE (and k_norm); a quantized half whose head_dim % 64 == 0
 is rotated block-diagonally with the Hadamard matrix (K in n_k chunks, V in 64-value chunks) unless

@@ -3,7 +3,7 @@ IQ4_NL quantizer for iq4_nl (gguf-py only dequantizes that one).
 
 `quantize(x, t)` maps f32 rows (..., n) to raw blocks (..., row_bytes) as uint8, exactly the
 bytes a cache row holds; `dequantize` inverts it; `quant_step` gives the per-value step the
-"quant" conformance metric allows (reference.md sections 3 and 7)."""
+"quant" conformance metric allows (docs/design.md sections 3 and 7)."""
 from __future__ import annotations
 
 import numpy as np

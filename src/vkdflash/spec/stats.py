@@ -1,4 +1,4 @@
-"""Speculation statistics with llama.cpp / vLLM definitions (reference.md section 6)."""
+"""Speculation statistics with llama.cpp / vLLM definitions (docs/design.md section 6)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

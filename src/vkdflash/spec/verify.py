@@ -3,7 +3,7 @@
 Greedy: accept the longest prefix where each draft equals the target's argmax, then append
 the target's own next token. Sampling (T > 0): standard speculative sampling -- accept d with
 probability min(1, p(d)/q(d)), else draw from the normalised residual max(p - q, 0) -- so the
-output is distributed exactly as the target's own sampling (reference.md section 6)."""
+output is distributed exactly as the target's own sampling (docs/design.md section 6)."""
 from __future__ import annotations
 
 import numpy as np
