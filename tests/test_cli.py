@@ -74,7 +74,7 @@ def test_inspect_recognises_a_dflash_draft(tmp_path):
     from gguf_fixtures import write_model
     target = write_model(tmp_path / "t.gguf", "llama", n_embd=128, n_ff=256, n_head=2, n_head_kv=1, head_dim=64)
     res = run("inspect", str(write_dflash(tmp_path / "d.gguf", target)))
-    assert res.exit_code == 0 and "DFlash draft" in res.output and "fc.weight" in res.output
+    assert res.exit_code == 0 and "a draft for --spec dflash" in res.output and "fc.weight" in res.output
 
 
 def test_bad_flags_are_one_line_errors():

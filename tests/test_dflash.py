@@ -18,7 +18,8 @@ from vkdflash.hookspecs import hookimpl
 from vkdflash.model import load_model
 from vkdflash.model.forward import Model
 from vkdflash.plugins import manager, strategies
-from vkdflash.ref.dflash import RefDFlash, top1_probability
+from vkdflash.ref.dflash import RefDFlash
+from vkdflash.spec.drafts import top1_probability
 from vkdflash.ref.model import RefModel, RefWeights
 from vkdflash.sampling import Sampler
 from vkdflash.spec import SpecStats, StrategyContext, StrategyOptions
@@ -63,7 +64,7 @@ def strategy_ctx(ctx, model, draft, **options):
 def test_registered_through_the_entry_point():
     found = strategies()
     assert "dflash" in found
-    assert found["dflash"][0] is factory and found["dflash"][2] == "dflash"
+    assert found["dflash"].factory is factory and found["dflash"].plugin == "dflash"
 
 
 def test_loader_reads_llama_cpp_keys(files, target):

@@ -13,6 +13,7 @@ from gguf import GGUFValueType as VT
 import gguf_fixtures as F
 from vkdflash.errors import VkdflashError
 from vkdflash.model import GGUFFile, expected_tensors, inspect_file, load_model
+from vkdflash.model.describe import describe
 
 ARCHS = ["llama", "qwen2", "qwen3"]
 
@@ -87,7 +88,7 @@ def test_vocab_size_from_metadata_must_match_embedding(tmp_path):
 
 def test_describe_and_inspect(models):
     with load_model(models["qwen2"]) as m:
-        text = m.describe()
+        text = describe(m.gguf, m.hparams)
     assert "qwen2: 2 layers, d 64, ff 128, heads 4/2 x 16" in text and "tied output" in text
     assert "blk.1.attn_v.bias" in text and "tokenizer.ggml.merges" in text
     assert all(len(line) < 200 for line in text.splitlines())
@@ -298,4 +299,4 @@ def test_smollm2_loads():
         types = {t.type_name for t in m.gguf.tensors.values()}
         assert types == {"Q4_1", "Q8_0", "F32"} and m.tensor("token_embd.weight").type_id == 8
         assert m.output_name == "token_embd.weight"
-        assert "total 92.10 MiB" in m.describe()
+        assert "total 92.10 MiB" in describe(m.gguf, m.hparams)

@@ -65,8 +65,8 @@ def hand_over(sctx, model_out, start: int, tokens: list) -> None:
 # -- registration and loading ----------------------------------------------------------------------
 
 def test_mtp_is_registered():
-    factory, description, plugin = strategies()["mtp"]
-    assert factory is MTP and plugin == "mtp" and description
+    reg = strategies()["mtp"]
+    assert reg.factory is MTP and reg.plugin == "mtp" and reg.description and "draft-mtp" in reg.aliases
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])

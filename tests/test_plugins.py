@@ -31,7 +31,7 @@ def fresh_manager():
 
 def test_every_hook_is_documented_with_its_exact_signature():
     docs = DOCS.read_text()
-    assert HOOKS == ["kv_cache_write", "kv_cache_written", "register_strategies"]
+    assert HOOKS == ["claim_draft_file", "kv_cache_write", "kv_cache_written", "register_strategies"]
     for name in HOOKS:
         params = ", ".join(inspect.signature(getattr(hookspecs, name)).parameters)
         assert f"### {name}({params})" in docs, name
@@ -41,7 +41,7 @@ def test_every_hook_is_documented_with_its_exact_signature():
 def test_builtin_strategies_load_through_entry_points():
     found = plugins.strategies()
     assert {"ngram", "dflash", "mtp"} <= set(found)
-    assert found["ngram"][2] == "ngram"
+    assert found["ngram"].plugin == "ngram"
 
 
 def test_vkdflash_plugins_restricts_what_loads(monkeypatch):

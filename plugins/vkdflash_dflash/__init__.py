@@ -6,7 +6,7 @@ cache types -ctkd/-ctvd, written through the core write hook, so rotated like ev
 drafts up to block_size - 1 tokens in one non-causal pass."""
 from __future__ import annotations
 
-from vkdflash.hookspecs import hookimpl
+from vkdflash.api import hookimpl
 
 __version__ = "0.1.0"
 
@@ -19,4 +19,9 @@ def factory(ctx):
 @hookimpl
 def register_strategies(register):
     register("dflash", factory, "DFlash block diffusion: a small draft fed with target hidden states "
-                                "proposes a whole block per pass (-md DRAFT.gguf)")
+                                "proposes a whole block per pass (-md DRAFT.gguf)", aliases=("draft-dflash",))
+
+
+@hookimpl
+def claim_draft_file(path, metadata):
+    return "dflash" if metadata.get("general.architecture") == "dflash" else None

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 from gguf.constants import GGUFValueType as VT
 
-from vkdflash.errors import VkdflashError
-from vkdflash.model.gguf_file import GGUFFile, TensorData, check_tensors
-from vkdflash.model.hparams import MAX_EMBD, MAX_LAYERS, MAX_VOCAB, _Meta, read_heads
+from vkdflash.api import (MAX_EMBD, MAX_LAYERS, MAX_VOCAB, GGUFFile, Metadata, TensorData, VkdflashError,
+                          check_tensors, read_heads)
 
 ARCH = "dflash"
 DEFAULT_BLOCK_SIZE = 16
@@ -47,7 +46,7 @@ class DFlashHParams:
 
 def read_hparams(gguf: GGUFFile) -> DFlashHParams:
     md, vt = gguf.metadata, gguf.value_types
-    m = _Meta(md, vt)
+    m = Metadata(md, vt)
     arch = m.str("general.architecture")
     if arch != ARCH:
         raise VkdflashError(f"general.architecture is {arch!r}, a DFlash draft has {ARCH!r}")

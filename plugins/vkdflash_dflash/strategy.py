@@ -15,30 +15,13 @@ import logging
 
 import numpy as np
 
-from vkdflash.errors import VkdflashError
-from vkdflash.kernels import elementwise, matmul as mm, norm, rope as rope_k
-from vkdflash.kernels.embed import get_rows
-from vkdflash.kernels.softmax import argmax
-from vkdflash.kernels.weights import Weight
-from vkdflash.model.store import DeviceStore
-from vkdflash.ref.dflash import select_drafts
-from vkdflash.runtime.graph import Graph
-from vkdflash.spec import Proposal, Strategy
+from vkdflash.api import (BlockBuffers, BlockShape, BlockWeights, DeviceStore, Graph, Proposal, Strategy, VkdflashError,
+                          Weight, argmax, get_rows, matmul, record_block, rms_norm, select_drafts, write_kv)
 
 from .draft_file import load_draft
 
 log = logging.getLogger("vkdflash")
 INJECT_ROWS = 64  # positions fused per injection pass (longer prompts go in chunks)
-
-
-class Layer:
-    def __init__(self, i: int, vec, mat):
-        b = f"blk.{i}."
-        self.attn_norm, self.ffn_norm = vec(b + "attn_norm.weight"), vec(b + "ffn_norm.weight")
-        self.q_norm, self.k_norm = vec(b + "attn_q_norm.weight"), vec(b + "attn_k_norm.weight")
-        self.wq, self.wk, self.wv = mat(b + "attn_q.weight"), mat(b + "attn_k.weight"), mat(b + "attn_v.weight")
-        self.wo = mat(b + "attn_output.weight")
-        self.gate, self.up, self.down = mat(b + "ffn_gate.weight"), mat(b + "ffn_up.weight"), mat(b + "ffn_down.weight")
 
 
 class DFlash(Strategy):
@@ -70,16 +53,13 @@ class DFlash(Strategy):
         self.enc_norm, self.output_norm = self._vec("enc.output_norm.weight"), self._vec("output_norm.weight")
         self.embd = self._mat("token_embd.weight") if hp.own_embd else ctx.target.token_embd
         self.output = self._mat("output.weight") if hp.own_output else ctx.target.output
-        self.layers = [Layer(i, self._vec, self._mat) for i in range(hp.n_layer)]
+        self.layers = [BlockWeights.load(self._vec, self._mat, f"blk.{i}.", qk_norm=True) for i in range(hp.n_layer)]
         self.kv = ctx.create_kv_cache(hp.n_layer, hp.n_head_kv, hp.head_dim, name="dflash draft")
-        q, kv, nb = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, hp.block_size
-        f32 = lambda n: self._buf(4 * n)  # noqa: E731
-        self.feat, self.g = f32(B * hp.n_features), f32(B * d)
-        self.k, self.v, self.pos = f32(B * kv), f32(B * kv), self._buf(4 * B)
-        self.x, self.xn, self.o = f32(nb * d), f32(nb * d), f32(nb * d)
-        self.q, self.att = f32(nb * q), f32(nb * q)
-        self.gate, self.up = f32(nb * hp.n_ff), f32(nb * hp.n_ff)
-        self.logits, self.ids, self.best = f32(nb * self.n_vocab), self._buf(4 * nb), self._buf(4 * nb)
+        self.shape = BlockShape(d, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.rms_eps, hp.rope_base, "neox")
+        nb = hp.block_size
+        self.b = BlockBuffers.alloc(self._buf, self.shape, max(B, nb))  # K/V of B injected rows, or a block
+        self.feat, self.g, self.pos = self._buf(4 * B * hp.n_features), self._buf(4 * B * d), self._buf(4 * B)
+        self.logits, self.ids, self.best = self._buf(4 * nb * self.n_vocab), self._buf(4 * nb), self._buf(4 * nb)
         self.params = self._buf(16)
 
     def _buf(self, nbytes: int):
@@ -92,46 +72,23 @@ class DFlash(Strategy):
         return self.store.vector(self.draft.tensor(name))
 
     # -- recording ------------------------------------------------------------------
-    def _kv_rows(self, g, L: Layer, src, n: int) -> None:
-        """K = RoPE(k_norm(W_k src)), V = W_v src for n rows at the positions in self.pos."""
-        hp = self.hp
-        mm.matmul(g, L.wk, src, self.k, n)
-        mm.matmul(g, L.wv, src, self.v, n)
-        norm.rms_norm(g, self.k, L.k_norm, self.k, n * hp.n_head_kv, hp.head_dim, hp.rms_eps)
-        rope_k.rope(g, self.k, self.pos, self.k, n, hp.n_head_kv, hp.head_dim, hp.rope_base, "neox")
-
     def _record_inject(self, n: int) -> Graph:
         hp, g = self.hp, Graph(self.gpu)
-        mm.matmul(g, self.fc, self.feat, self.g, n)
-        norm.rms_norm(g, self.g, self.enc_norm, self.g, n, hp.n_embd, hp.rms_eps)
-        for i, L in enumerate(self.layers):  # no attn_norm on g and no attention: K/V only
-            self._kv_rows(g, L, self.g, n)
-            self.kv.record_write(g, i, self.k, self.v, self.pos, n)
+        matmul(g, self.fc, self.feat, self.g, n)
+        rms_norm(g, self.g, self.enc_norm, self.g, n, hp.n_embd, hp.rms_eps)
+        for i, w in enumerate(self.layers):  # no attn_norm on g and no attention: K/V only
+            write_kv(g, w, self.shape, self.b, self.kv, i, self.g, n, self.pos)
         return g
 
     def _record_block(self, n: int) -> Graph:
         """n + 1 rows: [last, MASK x n] -> argmax ids of rows 1..n (and their logits)."""
-        hp, g, m, d = self.hp, Graph(self.gpu), n + 1, self.hp.n_embd
-        get_rows(g, self.embd, self.ids, self.x, m)
-        for i, L in enumerate(self.layers):
-            norm.rms_norm(g, self.x, L.attn_norm, self.xn, m, d, hp.rms_eps)
-            mm.matmul(g, L.wq, self.xn, self.q, m)
-            norm.rms_norm(g, self.q, L.q_norm, self.q, m * hp.n_head, hp.head_dim, hp.rms_eps)
-            rope_k.rope(g, self.q, self.pos, self.q, m, hp.n_head, hp.head_dim, hp.rope_base, "neox")
-            self._kv_rows(g, L, self.xn, m)
-            self.kv.record_write(g, i, self.k, self.v, self.pos, m)
-            self.kv.attend(g, i, self.q, self.att, self.params, m, hp.n_head, mask="block")
-            mm.matmul(g, L.wo, self.att, self.o, m)
-            elementwise.add(g, self.x, self.o, self.x, m * d)
-            norm.rms_norm(g, self.x, L.ffn_norm, self.xn, m, d, hp.rms_eps)
-            mm.matmul(g, L.gate, self.xn, self.gate, m)
-            mm.matmul(g, L.up, self.xn, self.up, m)
-            elementwise.swiglu(g, self.gate, self.up, self.gate, m * hp.n_ff)
-            mm.matmul(g, L.down, self.gate, self.o, m)
-            elementwise.add(g, self.x, self.o, self.x, m * d)
-        rows = self.xn.view(d * 4, n * d * 4)  # row 0 (the last token) predicts nothing new
-        norm.rms_norm(g, self.x.view(d * 4, n * d * 4), self.output_norm, rows, n, d, hp.rms_eps)
-        mm.matmul(g, self.output, rows, self.logits, n)
+        hp, g, m, d, b = self.hp, Graph(self.gpu), n + 1, self.hp.n_embd, self.b
+        get_rows(g, self.embd, self.ids, b.x, m)
+        for i, w in enumerate(self.layers):
+            record_block(g, w, self.shape, b, self.kv, i, m, self.pos, self.params, mask="block")
+        rows = b.xn.view(d * 4, n * d * 4)  # row 0 (the last token) predicts nothing new
+        rms_norm(g, b.x.view(d * 4, n * d * 4), self.output_norm, rows, n, d, hp.rms_eps)
+        matmul(g, self.output, rows, self.logits, n)
         argmax(g, self.logits, self.best, n, self.n_vocab)
         return g
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkdflash.errors import VkdflashError
-from vkdflash.hookspecs import hookimpl
-from vkdflash.spec import Proposal, Strategy
+from vkdflash.api import Proposal, Strategy, VkdflashError, hookimpl
 
 from .gpu import HeadRunner
-from .heads import NO_HEADS, Heads, find_heads, load_sidecar
+from .heads import NO_HEADS, SIDECAR_ARCH, Heads, find_heads, load_sidecar
 
 __version__ = "0.1.0"
 __all__ = ["MTP", "NO_HEADS", "Heads", "HeadRunner", "find_heads", "load_sidecar"]
@@ -89,4 +87,10 @@ class MTP(Strategy):
 
 @hookimpl
 def register_strategies(register):
-    register("mtp", MTP, "next-n (MTP) heads of the target, or of a -md sidecar, drafting autoregressively")
+    register("mtp", MTP, "next-n (MTP) heads of the target, or of a -md sidecar, drafting autoregressively",
+             aliases=("draft-mtp",))
+
+
+@hookimpl
+def claim_draft_file(path, metadata):
+    return "mtp" if metadata.get("general.architecture") == SIDECAR_ARCH else None

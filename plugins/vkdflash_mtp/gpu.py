@@ -11,16 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkdflash.errors import VkdflashError
-from vkdflash.kernels import elementwise, matmul as mm, norm, rope as rope_k
-from vkdflash.kernels.copy import copy
-from vkdflash.kernels.embed import get_rows
-from vkdflash.kernels.softmax import argmax
-from vkdflash.kernels.types import get_type
-from vkdflash.kernels.weights import Weight
-from vkdflash.model.store import DeviceStore
-from vkdflash.ref.quants import dequantize
-from vkdflash.runtime.graph import Graph
+from vkdflash.api import (BlockBuffers, BlockShape, BlockWeights, DeviceStore, Graph, VkdflashError, Weight, add,
+                          argmax, copy, dequantize, get_rows, get_type, matmul, record_block, rms_norm, write_kv)
 
 MAX_ROWS = 64  # committed positions per commit graph (the kernels' batch-invariance range)
 
@@ -46,20 +38,16 @@ class HeadRunner:
         self.enorm, self.hnorm = vec("nextn.enorm.weight"), vec("nextn.hnorm.weight")
         self.sh_norm = vec("nextn.shared_head_norm.weight")
         self.w_e, self.w_h = self._split_eh(heads)
-        self.attn_norm, self.ffn_norm = vec("attn_norm.weight"), vec("ffn_norm.weight")
-        self.wq, self.wk, self.wv, self.wo = (mat(f"attn_{x}.weight") for x in ("q", "k", "v", "output"))
-        self.gate, self.up, self.down = (mat(f"ffn_{x}.weight") for x in ("gate", "up", "down"))
-        self.bias = [vec(f"attn_{x}.bias", B) for x in "qkv"] if hp.has_qkv_bias else None
-        self.qk_norm = (vec("attn_q_norm.weight"), vec("attn_k_norm.weight")) if hp.has_qk_norm else None
+        self.block = BlockWeights.load(vec, mat, "", hp.has_qkv_bias, hp.has_qk_norm, bias_rows=B)
         self.embed = mat("nextn.embed_tokens.weight") if heads.has("nextn.embed_tokens.weight") else target.token_embd
         self.head = (mat("nextn.shared_head_head.weight") if heads.has("nextn.shared_head_head.weight")
                      else target.output)
-        d, q, kvw = self.d, hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-        f32 = lambda n: self._buf(4 * n)  # noqa: E731
-        self.e, self.hn, self.x, self.o, self.xn = (f32(B * d) for _ in range(5))
-        self.q, self.att, self.k, self.v = f32(B * q), f32(B * q), f32(B * kvw), f32(B * kvw)
-        self.g, self.u = f32(B * hp.n_ff), f32(B * hp.n_ff)
-        self.ids, self.pos, self.hin = self._buf(4 * B), self._buf(4 * B), f32(B * d)
+        d = self.d
+        self.shape = BlockShape(d, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.rms_eps, hp.rope_base,
+                                hp.rope_mode)
+        self.b = BlockBuffers.alloc(self._buf, self.shape, B)
+        self.e, self.hn, self.hin = (self._buf(4 * B * d) for _ in range(3))
+        self.ids, self.pos = self._buf(4 * B), self._buf(4 * B)
         # draft slots, each on a bindable offset
         self.a = max(16, self.gpu.features.min_storage_buffer_offset_alignment)
         D, a = self.max_depth, self.a
@@ -93,58 +81,35 @@ class HeadRunner:
     # -- recording ------------------------------------------------------------------------
     def _fuse(self, g, n, ids, h) -> None:
         """x = W_e enorm(embed(ids)) + W_h hnorm(h) for n rows."""
-        d, eps = self.d, self.hp.rms_eps
+        d, eps, b = self.d, self.hp.rms_eps, self.b
         get_rows(g, self.embed, ids, self.e, n)
-        norm.rms_norm(g, self.e, self.enorm, self.e, n, d, eps)
-        norm.rms_norm(g, h, self.hnorm, self.hn, n, d, eps)
-        mm.matmul(g, self.w_e, self.e, self.x, n)
-        mm.matmul(g, self.w_h, self.hn, self.o, n)
-        elementwise.add(g, self.x, self.o, self.x, n * d)
-
-    def _qkv(self, g, n, pos, with_q: bool) -> None:
-        hp, hd, eps = self.hp, self.hp.head_dim, self.hp.rms_eps
-        norm.rms_norm(g, self.x, self.attn_norm, self.xn, n, self.d, eps)
-        outs = ([(self.wq, self.q, 0, hp.n_head)] if with_q else []) + [(self.wk, self.k, 1, hp.n_head_kv),
-                                                                       (self.wv, self.v, 2, hp.n_head_kv)]
-        for w, out, which, heads in outs:
-            mm.matmul(g, w, self.xn, out, n)
-            if self.bias:
-                elementwise.add(g, out, self.bias[which], out, n * heads * hd)
-            if self.qk_norm and which < 2:
-                norm.rms_norm(g, out, self.qk_norm[which], out, n * heads, hd, eps)
-            if which < 2:
-                rope_k.rope(g, out, pos, out, n, heads, hd, hp.rope_base, hp.rope_mode)
+        rms_norm(g, self.e, self.enorm, self.e, n, d, eps)
+        rms_norm(g, h, self.hnorm, self.hn, n, d, eps)
+        matmul(g, self.w_e, self.e, b.x, n)
+        matmul(g, self.w_h, self.hn, b.o, n)
+        add(g, b.x, b.o, b.x, n * d)
 
     def _record_commit(self, n: int) -> Graph:
-        g = Graph(self.gpu)
+        """K/V of n committed positions only: nothing else of the block persists."""
+        g, b = Graph(self.gpu), self.b
         self._fuse(g, n, self.ids, self.hin)
-        self._qkv(g, n, self.pos, with_q=False)
-        self.kv.record_write(g, 0, self.k, self.v, self.pos, n)
+        rms_norm(g, b.x, self.block.attn_norm, b.xn, n, self.d, self.hp.rms_eps)
+        write_kv(g, self.block, self.shape, b, self.kv, 0, b.xn, n, self.pos)
         return g
 
     def _record_draft(self, m: int) -> Graph:
-        hp, d, a, eps = self.hp, self.d, self.a, self.hp.rms_eps
+        d, a, eps, b = self.d, self.a, self.hp.rms_eps, self.b
         g = Graph(self.gpu)
         for j in range(m):
             ids, pos, par = self.d_ids.view(a * j, 4), self.d_pos.view(a * j, 4), self.d_par.view(a * j, 16)
             logits = self.d_logits.view(self.s_logits * j, 4 * self.n_vocab)
             self._fuse(g, 1, ids, self.d_h.view(self.s_h * j, 4 * d))
-            self._qkv(g, 1, pos, with_q=True)
-            self.kv.record_write(g, 0, self.k, self.v, pos, 1)
-            self.kv.attend(g, 0, self.q, self.att, par, 1, hp.n_head)
-            mm.matmul(g, self.wo, self.att, self.o, 1)
-            elementwise.add(g, self.x, self.o, self.x, d)
-            norm.rms_norm(g, self.x, self.ffn_norm, self.xn, 1, d, eps)
-            mm.matmul(g, self.gate, self.xn, self.g, 1)
-            mm.matmul(g, self.up, self.xn, self.u, 1)
-            elementwise.swiglu(g, self.g, self.u, self.g, hp.n_ff)
-            mm.matmul(g, self.down, self.g, self.o, 1)
-            elementwise.add(g, self.x, self.o, self.x, d)
-            norm.rms_norm(g, self.x, self.sh_norm, self.xn, 1, d, eps)
-            mm.matmul(g, self.head, self.xn, logits, 1)
+            record_block(g, self.block, self.shape, b, self.kv, 0, 1, pos, par)
+            rms_norm(g, b.x, self.sh_norm, b.xn, 1, d, eps)
+            matmul(g, self.head, b.xn, logits, 1)
             argmax(g, logits, self.d_ids.view(a * (j + 1), 4), 1, self.n_vocab)
             if j + 1 < m:
-                feed = self.x if self.hidden == "prenorm" else self.xn
+                feed = b.x if self.hidden == "prenorm" else b.xn
                 copy(g, feed, self.d_h.view(self.s_h * (j + 1), 4 * d), 4 * d)
         return g
 

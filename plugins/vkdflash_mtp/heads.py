@@ -24,10 +24,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from vkdflash.errors import VkdflashError
-from vkdflash.model.gguf_file import GGUFFile, ModelFile, TensorData, check_tensors, nextn_tensors
-from vkdflash.model.hparams import ARCHITECTURES, MAX_EMBD, MAX_LAYERS, _Meta, nextn_hidden, read_heads
-from vkdflash.kernels.attention import MAX_HEAD_DIM as ATTN_MAX_HEAD_DIM
+from vkdflash.api import MAX_HEAD_DIM as ATTN_MAX_HEAD_DIM
+from vkdflash.api import (ARCHITECTURES, MAX_EMBD, MAX_LAYERS, GGUFFile, Metadata, ModelFile, TensorData, VkdflashError,
+                          check_tensors, nextn_hidden, nextn_tensors, read_heads)
 
 log = logging.getLogger("vkdflash")
 SIDECAR_ARCH = "mtp"
@@ -137,7 +136,7 @@ def _check_fits(arch: str, n_embd: int, n_vocab: int, target_hp, path) -> None:
 
 
 def _sidecar_hparams(gf: GGUFFile, target_hp):
-    m, a = _Meta(gf.metadata, gf.value_types), SIDECAR_ARCH
+    m, a = Metadata(gf.metadata, gf.value_types), SIDECAR_ARCH
     arch = m.str(f"{a}.target_architecture")
     n_embd = m.int(f"{a}.embedding_length", 1, MAX_EMBD)
     n_vocab = m.int(f"{a}.vocab_size", 1, 1 << 22, default=target_hp.n_vocab)

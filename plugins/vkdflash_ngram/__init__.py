@@ -10,17 +10,21 @@ This one looks for the most recent earlier occurrence of the last few committed 
 proposes what followed it -- effective on code, quotes and summaries that repeat the prompt."""
 from __future__ import annotations
 
-from vkdflash.hookspecs import hookimpl
-from vkdflash.spec import Proposal, Strategy
+from vkdflash.api import Option, Proposal, Strategy, hookimpl
 
 __version__ = "0.1.0"
+
+
+N = Option("n", int, 3, "longest n-gram looked up (the last n committed tokens, then n-1, ...)")
 
 
 class PromptLookup(Strategy):
     name = "ngram"
 
-    def __init__(self, ctx, max_ngram: int = 3):
-        self.max_ngram = max_ngram
+    def __init__(self, ctx):
+        self.max_ngram = ctx.options.settings.get(N.key, N.default)
+        if self.max_ngram < 1:
+            raise ValueError(f"ngram.n must be at least 1, got {self.max_ngram}")
 
     def propose(self, ctx, last_token: int, max_n: int) -> Proposal:
         history = ctx.tokens + [last_token]
@@ -35,4 +39,5 @@ class PromptLookup(Strategy):
 
 @hookimpl
 def register_strategies(register):
-    register("ngram", PromptLookup, "prompt lookup: copy what followed the last n-gram earlier in the text")
+    register("ngram", PromptLookup, "prompt lookup: copy what followed the last n-gram earlier in the text",
+             options=(N,))

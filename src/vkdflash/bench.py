@@ -6,6 +6,9 @@ import time
 import numpy as np
 
 from .kernels.copy import copy
+from .kernels.matmul import MatmulConfig, matmul
+from .kernels.weights import Weight
+from .ref.quants import random_blocks
 from .runtime.graph import Graph
 
 COPY_SHAPES = [(8, 1), (8, 2), (8, 4), (64, 2), (64, 16), (256, 64)]  # (workgroup, groups)
@@ -62,7 +65,6 @@ def overheads(ctx, reps: int) -> dict:
 
 
 def kernels(ctx, reps: int = 5) -> dict:
-    from .kernels.matmul import matvec_gbps
     copy_fig = copy_gbps(ctx, 32 << 20, reps)
     matvec = {}
     for t in ("f16", "q8_0", "q4_0"):
@@ -121,3 +123,20 @@ def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator) -> dict:
             "none_tps": none["decode_tps"], "spec_tps": sp["decode_tps"],
             "speedup": sp["decode_tps"] / none["decode_tps"], "identical_output": none["tokens"] == sp["tokens"],
             "spec": sp["stats"]}
+
+
+def matvec_gbps(ctx, type_name: str, rows: int = 4096, cols: int = 4096, reps: int = 5,
+                config: MatmulConfig | None = None) -> dict:
+    """Weight bytes read per second by an n=1 matmul (best GPU time over `reps` replays)."""
+    r = np.random.default_rng(0)
+    w = Weight(ctx, type_name, rows, cols, random_blocks(r, type_name, rows, cols))
+    x = ctx.upload(r.uniform(-1, 1, cols).astype(np.float32))
+    y = ctx.buffer(rows * 4)
+    g = Graph(ctx, timestamps=True)
+    matmul(g, w, x, y, 1, config)
+    # best of 3 x reps replays: as many tries as the copy figure gets over its shapes, so a
+    # busy host skews both alike
+    seconds = min(gpu_seconds(g, reps) for _ in range(3))
+    g.destroy(), w.destroy(), x.destroy(), y.destroy()
+    return {"gbps": w.nbytes / seconds / 1e9, "seconds": seconds, "bytes": w.nbytes,
+            "rows": rows, "cols": cols, "type": type_name}

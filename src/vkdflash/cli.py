@@ -9,11 +9,10 @@ import click
 
 from .errors import VkdflashError
 from .cli_options import DEVICE_OPTION, model_options, open_model
-from .cli_spec import build_speculator, resolve_spec, spec_options
+from .cli_spec import build_speculator, spec_options
 
 log = logging.getLogger("vkdflash")
 
-DRAFT_ARCHS = {"dflash": "a DFlash draft (--spec dflash)", "mtp": "an MTP next-n head sidecar (--spec mtp)"}
 
 class Cli(click.Group):
     """Every error is one line on stderr: VkdflashError exits 1, a bad flag or value exits 2."""
@@ -85,10 +84,12 @@ def inspect(path) -> None:
     text, problem = inspect_file(path)
     click.echo(text)
     if problem:
+        from .plugins import claim, lookup
         with GGUFFile(path) as f:
-            arch = f.metadata.get("general.architecture")
-        if arch in DRAFT_ARCHS:  # not a model to run on its own, but a draft for one
-            click.echo(f"{DRAFT_ARCHS[arch]}: use it with -md {path} next to its target model")
+            name = claim(path, dict(f.metadata))
+        if name is not None:  # not a model to run on its own, but a draft for one
+            click.echo(f"a draft for --spec {name} ({lookup(name).description}): "
+                       f"use it with -md {path} next to its target model")
             return
         raise VkdflashError(f"{path}: cannot run this model: {problem}")
 
@@ -145,8 +146,7 @@ def conformance(device, pattern, json_path, quick) -> None:
 @model_options
 @spec_options
 def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, stops, chat, system,
-             model_path, n_ctx, ctk, ctv, no_kv_rotation, device,
-             spec, spec_type, draft_model, draft_max, draft_p_min, ctkd, ctvd) -> None:
+             model_path, n_ctx, ctk, ctv, no_kv_rotation, device, spec_request) -> None:
     """Generate text from a prompt, streamed, ending with a stats line."""
     from .chat import ChatTemplate, chat_prompt_ids
     from .generate import Stats, generate as run
@@ -171,9 +171,7 @@ def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, sto
              f"temp {temp}, top-k {top_k}, top-p {top_p}, min-p {min_p}, seed {seed}")
     from .spec import SpecStats
     stats, spec_stats = Stats(), SpecStats()
-    name = resolve_spec(spec, spec_type, draft_model)
-    speculator = build_speculator(model, name, draft_model, draft_max, draft_p_min, ctkd, ctvd,
-                                  not no_kv_rotation, spec_stats)
+    speculator = build_speculator(model, spec_request, spec_request.resolve(), not no_kv_rotation, spec_stats)
     if not chat:
         click.echo(text, nl=False)
     try:
@@ -194,16 +192,23 @@ def plugins(as_json: bool) -> None:
     """List loaded plugins (name, version, hooks) and the strategies they register."""
     from .plugins import plugin_list, strategies
     found = strategies()
-    listing = [dict(p, strategies=sorted(n for n, (_, _, owner) in found.items() if owner == p["name"]))
+    listing = [dict(p, strategies=sorted(n for n, r in found.items() if r.plugin == p["name"]))
                for p in plugin_list()]
     if as_json:
+        for p in listing:
+            p["options"] = {n: [{"key": o.key, "type": o.type.__name__, "default": o.default, "help": o.help}
+                                for o in found[n].options] for n in p["strategies"]}
+            p["aliases"] = {n: list(found[n].aliases) for n in p["strategies"]}
         click.echo(json.dumps(listing, indent=1))
         return
     for p in listing:
         click.echo(f"{p['name']} {p['version'] or ''}: hooks {', '.join(p['hooks']) or '-'}; "
                    f"strategies {', '.join(p['strategies']) or '-'}")
-    for name, (_, desc, _) in sorted(found.items()):
-        click.echo(f"  --spec {name}: {desc}")
+    for name, r in sorted(found.items()):
+        also = f" (also {', '.join(r.aliases)})" if r.aliases else ""
+        click.echo(f"  --spec {name}{also}: {r.description}")
+        for o in r.options:
+            click.echo(f"      --spec-opt {name}.{o.key}=<{o.type.__name__}>  {o.help} (default {o.default})")
 
 
 from .cli_bench import bench  # noqa: E402 -- the bench group lives in its own module

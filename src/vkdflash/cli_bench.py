@@ -6,7 +6,7 @@ import json
 import click
 
 from .cli_options import DEVICE_OPTION, model_options, open_model
-from .cli_spec import build_speculator, resolve_spec, spec_options
+from .cli_spec import build_speculator, spec_options
 
 
 def emit_json(report: dict, json_path: str | None) -> None:
@@ -59,15 +59,13 @@ def bench_model(n_prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_r
               help="Write the figures to this JSON file (also printed).")
 @model_options
 @spec_options
-def bench_spec(prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_rotation, device,
-               spec, spec_type, draft_model, draft_max, draft_p_min, ctkd, ctvd) -> None:
+def bench_spec(prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_rotation, device, spec_request) -> None:
     """Greedy tok/s with a strategy next to --spec none in the same run, and the speedup."""
     from .bench import spec as bench_run
-    name = resolve_spec(spec, spec_type, draft_model)
+    name = spec_request.resolve()
     if name == "none":
         name = "ngram"  # something to compare with when no draft model is given
     model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
-    make = lambda stats: build_speculator(model, name, draft_model, draft_max, draft_p_min,  # noqa: E731
-                                          ctkd, ctvd, not no_kv_rotation, stats)
+    make = lambda stats: build_speculator(model, spec_request, name, not no_kv_rotation, stats)  # noqa: E731
     report = bench_run(model, tok, prompt, n_gen, make)
     emit_json(report, json_path)

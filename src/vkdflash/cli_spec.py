@@ -1,32 +1,77 @@
-"""Speculation flags for `generate` and `bench`, spelled as llama.cpp spells them (plus aliases)."""
+"""Speculation flags for `generate` and `bench`, spelled as llama.cpp spells them (plus aliases).
+
+The core names no strategy: `--spec` takes any registered name or alias, a `-md` file goes to
+the strategy whose plugin claims it (claim_draft_file), and `--spec-opt NAME.KEY=VALUE` sets the
+options a strategy declared."""
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 import click
 
 from .errors import VkdflashError
 from .kernels.types import CACHE_TYPES
 
-# llama.cpp's --spec-type values
-SPEC_TYPE_ALIASES = {"draft-dflash": "dflash", "draft-mtp": "mtp", "none": "none"}
 
+@dataclass(frozen=True)
+class SpecRequest:
+    spec: str | None            # --spec (or llama.cpp's --spec-type)
+    draft_model: str | None     # -md
+    draft_max: int
+    draft_p_min: float
+    ctkd: str
+    ctvd: str
+    spec_opts: tuple            # --spec-opt NAME.KEY=VALUE, as given
 
-def _spec_type(ctx, param, value):
-    if value is None:
-        return None
-    if value not in SPEC_TYPE_ALIASES:
-        raise click.BadParameter(f"{value!r} is not one of {', '.join(SPEC_TYPE_ALIASES)}")
-    return SPEC_TYPE_ALIASES[value]
+    def resolve(self) -> str:
+        """The strategy to run: --spec, else the one whose plugin claims the -md file, else none."""
+        from .plugins import claim, lookup
+        if self.spec:
+            return "none" if self.spec == "none" else lookup(self.spec).name
+        if not self.draft_model:
+            return "none"
+        from .model import GGUFFile
+        with GGUFFile(self.draft_model) as f:
+            metadata = dict(f.metadata)
+        name = claim(self.draft_model, metadata)
+        if name is None:
+            arch = str(metadata.get("general.architecture", "?"))[:40]
+            raise VkdflashError(f"no strategy plugin recognizes {self.draft_model} (architecture {arch}); "
+                                "choose one with --spec")
+        return name
+
+    def settings(self, name: str) -> dict:
+        """The chosen strategy's option values; an option for another strategy is an error."""
+        from .plugins import lookup
+        reg, pairs = lookup(name), []
+        for text in self.spec_opts:
+            owner, dot, pair = text.partition(".")
+            if not dot:
+                raise VkdflashError(f"--spec-opt {text[:40]}: write it as NAME.KEY=VALUE")
+            if owner != reg.name and owner not in reg.aliases:
+                raise VkdflashError(f"--spec-opt {text[:40]} is for {owner[:40]}, but the strategy is {reg.name}")
+            pairs.append(pair)
+        return reg.settings(pairs)
 
 
 def spec_options(f):
+    """Add the speculation flags to a command; it receives them as one `spec_request`."""
+    @functools.wraps(f)
+    def wrapper(*args, spec, spec_type, draft_model, draft_max, draft_p_min, ctkd, ctvd, spec_opts, **kwargs):
+        if spec and spec_type and spec != spec_type:
+            raise VkdflashError(f"--spec {spec} and --spec-type {spec_type} disagree")
+        request = SpecRequest(spec or spec_type, draft_model, draft_max, draft_p_min, ctkd, ctvd, tuple(spec_opts))
+        return f(*args, spec_request=request, **kwargs)
+
     opts = [
         click.option("--spec", "spec", default=None, metavar="NAME",
-                     help="Speculative strategy: none, dflash, mtp, or any plugin's (see `vkdflash plugins`). "
-                          "Default: dflash when -md is a DFlash draft, else none."),
-        click.option("--spec-type", "spec_type", default=None, callback=_spec_type, metavar="TYPE",
-                     help="llama.cpp spelling: draft-dflash, draft-mtp or none."),
+                     help="Speculative strategy: none or any plugin's (see `vkdflash plugins`). "
+                          "Default: the strategy that claims the -md file, else none."),
+        click.option("--spec-type", "spec_type", default=None, metavar="TYPE",
+                     help="llama.cpp spelling (draft-dflash, draft-mtp, none): any strategy alias."),
         click.option("-md", "--model-draft", "--spec-draft-model", "draft_model", default=None,
-                     type=click.Path(dir_okay=False), help="Draft GGUF (DFlash draft or MTP sidecar)."),
+                     type=click.Path(dir_okay=False), help="Draft GGUF (a DFlash draft, an MTP sidecar, ...)."),
         click.option("--draft-max", "--spec-draft-n-max", "draft_max", default=16, show_default=True,
                      type=click.IntRange(1, 64), help="Most tokens drafted per step."),
         click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", default=0.0, show_default=True,
@@ -35,41 +80,25 @@ def spec_options(f):
                      type=click.Choice(CACHE_TYPES, case_sensitive=False), help="Draft K cache type."),
         click.option("-ctvd", "--cache-type-v-draft", "ctvd", default="f16", show_default=True,
                      type=click.Choice(CACHE_TYPES, case_sensitive=False), help="Draft V cache type."),
+        click.option("--spec-opt", "spec_opts", multiple=True, metavar="NAME.KEY=VALUE",
+                     help="A strategy's own option (repeatable; `vkdflash plugins` lists them)."),
     ]
     for opt in reversed(opts):
-        f = opt(f)
-    return f
+        wrapper = opt(wrapper)
+    return wrapper
 
 
-def resolve_spec(spec, spec_type, draft_model) -> str:
-    """--spec wins over --spec-type; without either, a DFlash -md file selects dflash (as llama.cpp
-    detects it from the file), an MTP sidecar selects mtp, and no -md means no speculation."""
-    if spec and spec_type and spec != spec_type:
-        raise VkdflashError(f"--spec {spec} and --spec-type {spec_type} disagree")
-    name = spec or spec_type
-    if name:
-        return name
-    if draft_model:
-        from .model import GGUFFile
-        with GGUFFile(draft_model) as f:
-            arch = f.metadata.get("general.architecture")
-        return "dflash" if arch == "dflash" else "mtp"
-    return "none"
-
-
-def build_speculator(model, name: str, draft_model, draft_max, draft_p_min, ctkd, ctvd, rotate, stats):
-    """A Speculator for strategy `name`, or None for plain decoding."""
+def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats):
+    """A Speculator for strategy `name` (from request.resolve()), or None for plain decoding."""
     if name == "none":
         return None
-    from .plugins import strategies
+    from .plugins import lookup
     from .spec.engine import Speculator
     from .spec.strategy import StrategyOptions
-    found = strategies()
-    if name not in found:
-        raise VkdflashError(f"unknown speculative strategy {name!r}; available: none, {', '.join(sorted(found))}")
-    options = StrategyOptions(draft_model=draft_model, draft_max=draft_max, p_min=draft_p_min,
-                              cache_type_k=ctkd, cache_type_v=ctvd, rotate=rotate)
-    spec = Speculator(model, name, found[name][0], options, stats)
+    options = StrategyOptions(draft_model=request.draft_model, draft_max=request.draft_max, p_min=request.draft_p_min,
+                              cache_type_k=request.ctkd, cache_type_v=request.ctvd, rotate=rotate,
+                              settings=request.settings(name))
+    spec = Speculator(model, name, lookup(name).factory, options, stats)
     if spec.strategy is None:  # the factory itself failed: that is the user's error, say it once
         raise VkdflashError(f"strategy {name} could not start: {stats.disabled}")
     return spec

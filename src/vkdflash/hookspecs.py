@@ -15,9 +15,20 @@ hookimpl = pluggy.HookimplMarker("vkdflash")
 def register_strategies(register) -> None:
     """Register speculative strategies.
 
-    Call `register(name, factory, description="")` once per strategy, where
-    `factory(ctx: vkdflash.spec.StrategyContext) -> vkdflash.spec.Strategy` builds one for a
-    generation request. `name` is what `--spec NAME` selects."""
+    Call `register(name, factory, description="", options=(), aliases=())` once per strategy,
+    where `factory(ctx: vkdflash.api.StrategyContext) -> vkdflash.api.Strategy` builds one for a
+    generation request. `name` is what `--spec NAME` selects; `aliases` are other spellings
+    (llama.cpp's `--spec-type draft-dflash`); `options` are `vkdflash.api.Option`s, set with
+    `--spec-opt NAME.KEY=VALUE` and read from `ctx.options.settings`."""
+
+
+@hookspec(firstresult=True)
+def claim_draft_file(path, metadata) -> str | None:
+    """Say which of your strategies runs a draft file: `-md PATH` without `--spec` asks every
+    plugin, and the first strategy name returned is used (None: not yours).
+
+    path: the file; metadata: its GGUF key/values (dict; e.g. metadata["general.architecture"]).
+    The core names no strategy itself. A claim that raises is unregistered with a warning."""
 
 
 @hookspec

@@ -1,6 +1,6 @@
 """The KV cache: the only owner of K/V memory, with exactly one write path and one read path.
 
-write() is the core cache-write hook: one kernel rotates whichever half is quantized (Hadamard,
+record_write() is the core cache-write hook: one kernel rotates whichever half is quantized (Hadamard,
 docs/design.md section 2) and quantizes and stores, reading the caller's rows without changing
 them. attend() is the matching read path: attention rotates Q like K in registers, runs in
 rotated space, and the output is un-rotated. The cache's buffers are owned memory
@@ -20,10 +20,9 @@ import numpy as np
 from . import plugins
 from .errors import VkdflashError
 from .kernels.attention import attention, cache_nbytes
-from .kernels.hadamard import fwht
+from .kernels.hadamard import fwht, rotation_block
 from .kernels.kv_store import store_rows
 from .kernels.types import CACHE_TYPES, get_type
-from .ref.hadamard import rotation_block
 from .runtime.memory import as_view
 from .runtime.ownership import Owner
 
@@ -103,7 +102,7 @@ class KVCache:
         return self.k[layer].view(0, self.n_ctx * rk), self.v[layer].view(0, self.n_ctx * rv)
 
     # -- the one write path: the core cache-write hook ------------------------------
-    def write(self, graph, layer: int, k_rows, v_rows, positions, n_rows: int) -> None:
+    def record_write(self, graph, layer: int, k_rows, v_rows, positions, n_rows: int) -> None:
         """Record a write of n_rows K and V rows (f32 [n_rows, n_head_kv*head_dim], RoPE already
         applied to K) at the uint32 cache positions in `positions`. Plugin wrappers of the hook
         observe it; the store is recorded whatever they do, and the rows are only read."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 import pluggy
@@ -161,19 +162,69 @@ def plugin_list() -> list[dict]:
     return out
 
 
-def strategies() -> dict[str, tuple]:
-    """name -> (factory, description, plugin name) for every registered strategy."""
-    found: dict[str, tuple] = {}
+@dataclass(frozen=True)
+class Registered:
+    """A strategy as a plugin registered it."""
+    name: str
+    factory: object
+    description: str
+    plugin: str
+    options: tuple = ()   # vkdflash.api.Option
+    aliases: tuple = ()
+
+    def settings(self, pairs) -> dict:
+        """Option values from `KEY=VALUE` texts (already stripped of "NAME."), defaults filled in."""
+        known = {o.key: o for o in self.options}
+        out = {o.key: o.default for o in self.options}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep or key not in known:
+                listed = ", ".join(known) or "none"
+                raise VkdflashError(f"--spec-opt {self.name}.{pair[:40]}: {self.name} has no option "
+                                    f"{key[:40]!r} (its options: {listed})")
+            out[key] = known[key].parse(value, self.name)
+        return out
+
+
+def strategies() -> dict[str, Registered]:
+    """name -> Registered for every registered strategy."""
+    found: dict[str, Registered] = {}
     pm = manager()
     for impl in pm.hook.register_strategies.get_hookimpls():
-        def register(name, factory, description="", _plugin=impl.plugin_name):
-            if name in found:
-                raise VkdflashError(f"strategy {name!r} registered twice (plugins {found[name][2]} and {_plugin})")
-            found[name] = (factory, description, _plugin)
+        def register(name, factory, description="", options=(), aliases=(), _plugin=impl.plugin_name):
+            taken = {n: r.plugin for r in found.values() for n in (r.name, *r.aliases)}
+            for n in (name, *aliases):
+                if n in taken or n == "none":
+                    raise VkdflashError(f"strategy {n!r} registered twice (plugins {taken.get(n, 'core')} and {_plugin})")
+            if not all(getattr(o, "type", None) in (int, float, str, bool) and hasattr(o, "parse") for o in options):
+                raise ValueError(f"strategy {name}: options must be vkdflash.api.Option of int, float, str or bool")
+            found[name] = Registered(name, factory, description, _plugin, tuple(options), tuple(aliases))
         try:
             impl.function(register=register)
         except VkdflashError:
             raise
         except Exception as exc:
-            log.warning("plugin %s failed to register strategies: %s: %s", impl.plugin_name, type(exc).__name__, exc)
+            log.warning("plugin %s failed to register strategies: %s", impl.plugin_name, _brief(exc))
     return found
+
+
+def lookup(name: str) -> Registered:
+    """The strategy registered under `name` or one of its aliases; a one-line error otherwise."""
+    found = strategies()
+    for r in found.values():
+        if name == r.name or name in r.aliases:
+            return r
+    raise VkdflashError(f"unknown speculative strategy {name[:40]!r}; available: none, {', '.join(sorted(found))}")
+
+
+def claim(path, metadata: dict) -> str | None:
+    """The strategy a plugin claims the draft file for (claim_draft_file), or None."""
+    for impl in _well_shaped("claim_draft_file"):
+        try:
+            name = _call(impl, {"path": str(path), "metadata": metadata})
+        except Exception as exc:
+            _evict(impl, f"its claim_draft_file raised {_brief(exc)}")
+            continue
+        if name is not None:
+            return str(name)
+    return None

@@ -77,6 +77,7 @@ class Sampler:
     def __init__(self, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  seed: int | None = None):
         self.temp, self.top_k, self.top_p, self.min_p = float(temp), int(top_k), float(top_p), float(min_p)
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
 
     @property

@@ -8,8 +8,6 @@ import math
 import struct
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..errors import VkdflashError
 from ..runtime.memory import as_view
 from .weights import Weight
@@ -115,24 +113,3 @@ def matmul(graph, weight: Weight, x_view, y_view, n: int, config: MatmulConfig |
             graph.dispatch(pipe, [piece.view, x, y], (groups_x, groups_y), push, barrier=first,
                            label=f"mul_mat/{weight.ttype.name}")
             first = False
-
-
-def matvec_gbps(ctx, type_name: str, rows: int = 4096, cols: int = 4096, reps: int = 5,
-                config: MatmulConfig | None = None) -> dict:
-    """Weight bytes read per second by an n=1 matmul (best GPU time over `reps` replays)."""
-    from ..bench import gpu_seconds
-    from ..ref.quants import random_blocks
-    from ..runtime.graph import Graph
-
-    r = np.random.default_rng(0)
-    w = Weight(ctx, type_name, rows, cols, random_blocks(r, type_name, rows, cols))
-    x = ctx.upload(r.uniform(-1, 1, cols).astype(np.float32))
-    y = ctx.buffer(rows * 4)
-    g = Graph(ctx, timestamps=True)
-    matmul(g, w, x, y, 1, config)
-    # best of 3 x reps replays: as many tries as the copy figure gets over its shapes, so a
-    # busy host skews both alike
-    seconds = min(gpu_seconds(g, reps) for _ in range(3))
-    g.destroy(), w.destroy(), x.destroy(), y.destroy()
-    return {"gbps": w.nbytes / seconds / 1e9, "seconds": seconds, "bytes": w.nbytes,
-            "rows": rows, "cols": cols, "type": type_name}

@@ -13,10 +13,19 @@ import numpy as np
 
 from . import rows
 from ..errors import VkdflashError
-from ..ref.ops import rope_freqs
 
 MODES = ("normal", "neox")
 _tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # ctx -> {key: Buffer}
+
+
+def rope_freqs(head_dim_rot: int, freq_base: float, freq_scale: float = 1.0, freq_factors=None) -> np.ndarray:
+    """Angle per position of each rotated pair i < n_rot/2: freq_scale * base^(-2i/n_rot) / ff_i
+    (ggml's rope_yarn without YaRN extrapolation)."""
+    i = np.arange(head_dim_rot // 2, dtype=np.float64)
+    f = freq_scale * np.power(float(freq_base), -2.0 * i / head_dim_rot)
+    if freq_factors is not None:
+        f = f / np.asarray(freq_factors, np.float64)
+    return f
 
 
 def freq_table(n_rot: int, freq_base: float, freq_scale: float = 1.0, freq_factors=None) -> np.ndarray:

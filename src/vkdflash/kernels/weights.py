@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import VkdflashError
-from ..ref import quants as ref_quants
+from .blocks import dequantize, quantize
 from ..runtime.memory import View, pieces
 from .types import WEIGHT_TYPES, TensorType, get_type
 
@@ -60,11 +60,11 @@ class Weight:
         if t.name in WEIGHT_TYPES and array.shape[1] % max(32, t.qk):
             raise VkdflashError(f"{name}: {t.name} needs cols to be a multiple of {max(32, t.qk)}, "
                                 f"got {array.shape[1]}")
-        return cls(ctx, t, array.shape[0], array.shape[1], ref_quants.quantize(array, t), name)
+        return cls(ctx, t, array.shape[0], array.shape[1], quantize(array, t), name)
 
     def dequantize(self) -> np.ndarray:
         """The values the kernels compute with, as float32 (rows, cols) (reads the device copy)."""
-        return ref_quants.dequantize(self.buffer.read(np.uint8, self.nbytes), self.ttype, self.cols)
+        return dequantize(self.buffer.read(np.uint8, self.nbytes), self.ttype, self.cols)
 
     def __repr__(self) -> str:
         return f"Weight({self.name}, {self.ttype.name}, {self.rows}x{self.cols}, {len(self.pieces)} piece(s))"

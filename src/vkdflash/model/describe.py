@@ -6,7 +6,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..errors import VkdflashError
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFFile, ModelFile
 
 VALUE_WIDTH = 100
 
@@ -64,10 +64,9 @@ def describe(gf: GGUFFile, hparams=None, problem: str | None = None) -> str:
 def inspect_file(path) -> tuple[str, str | None]:
     """(summary text, None) for a runnable model, (summary, reason) for a well-formed GGUF that vkdflash
     cannot run (the reason is one line). A corrupt file raises VkdflashError."""
-    from .gguf_file import ModelFile
     try:
         with ModelFile(path) as mf:
-            return mf.describe(), None
+            return describe(mf.gguf, mf.hparams), None
     except VkdflashError as exc:
         problem = str(exc)
     with GGUFFile(path) as gf:  # raises again if the container itself is broken

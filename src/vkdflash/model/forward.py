@@ -12,15 +12,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import VkdflashError
-from ..kernels import elementwise, matmul as mm, norm, rope as rope_k
 from ..kernels.attention import MAX_HEAD_DIM
+from ..kernels.blocks import dequantize
 from ..kernels.copy import copy
 from ..kernels.embed import get_rows
+from ..kernels.matmul import matmul
+from ..kernels.norm import rms_norm
 from ..kernels.weights import Weight
 from ..kv_cache import KVCache
-from ..ref.quants import dequantize
-from .store import DeviceStore
 from ..runtime.graph import Graph
+from .block import BlockBuffers, BlockShape, BlockWeights, record_block
+from .store import DeviceStore
 
 log = logging.getLogger("vkdflash")
 
@@ -32,17 +34,6 @@ class Output:
     logits: np.ndarray               # [rows, n_vocab]: the last row, or every row
     hidden: dict  # layer-input id i -> residual stream entering block i [n, d] (n_layer: leaving
                   # the last block); "final" -> after output_norm
-
-
-class Layer:
-    def __init__(self, ctx, mf, i: int, vec, mat):
-        b, hp = f"blk.{i}.", mf.hparams
-        self.attn_norm, self.ffn_norm = vec(b + "attn_norm.weight"), vec(b + "ffn_norm.weight")
-        self.wq, self.wk, self.wv = mat(b + "attn_q.weight"), mat(b + "attn_k.weight"), mat(b + "attn_v.weight")
-        self.wo = mat(b + "attn_output.weight")
-        self.gate, self.up, self.down = mat(b + "ffn_gate.weight"), mat(b + "ffn_up.weight"), mat(b + "ffn_down.weight")
-        self.bias = ([vec(b + f"attn_{x}.bias", MAX_BATCH) for x in "qkv"] if hp.has_qkv_bias else None)
-        self.qk_norm = ((vec(b + "attn_q_norm.weight"), vec(b + "attn_k_norm.weight")) if hp.has_qk_norm else None)
 
 
 class Model:
@@ -61,25 +52,23 @@ class Model:
         self.embd = self._mat("token_embd.weight")
         self.output = self.embd if hp.tied_output else self._mat("output.weight")
         self.output_norm = self._vec("output_norm.weight")
-        self.layers = [Layer(ctx, model_file, i, self._vec, self._mat) for i in range(hp.n_layer)]
+        self.layers = [BlockWeights.load(self._vec, self._mat, f"blk.{i}.", hp.has_qkv_bias, hp.has_qk_norm,
+                                         bias_rows=MAX_BATCH) for i in range(hp.n_layer)]
         self.cache = KVCache(ctx, hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim, ctk, ctv, rotate)
-        d, B = hp.n_embd, MAX_BATCH
-        q, kv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-        f32 = lambda n: self._buf(4 * n)  # noqa: E731
-        self.x, self.xn, self.o = f32(B * d), f32(B * d), f32(B * d)
-        self.q, self.k, self.v, self.att = f32(B * q), f32(B * kv), f32(B * kv), f32(B * q)
-        self.gate, self.up = f32(B * hp.n_ff), f32(B * hp.n_ff)
         # what the host writes or reads every step lives in mapped memory: no staging copies
         host = lambda n: self.store.buffer(n, host=True)  # noqa: E731
-        self.logits = host(4 * B * hp.n_vocab)
-        self.ids, self.pos, self.params = host(4 * B), host(4 * B), host(16)
+        self.logits = host(4 * MAX_BATCH * hp.n_vocab)
+        self.ids, self.pos, self.params = host(4 * MAX_BATCH), host(4 * MAX_BATCH), host(16)
         self.captures: dict = {}
-        self.rope_factors = None  # llama3-style per-pair frequency factors
+        rope_factors = None  # llama3-style per-pair frequency factors
         if hp.has_rope_freqs:
             t = model_file.tensor("rope_freqs.weight")
-            self.rope_factors = dequantize(np.asarray(t.data), t.type_id, t.shape[0]).reshape(-1)
+            rope_factors = dequantize(np.asarray(t.data), t.type_id, t.shape[0]).reshape(-1)
+        self.shape = BlockShape(hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.rms_eps,
+                                hp.rope_base, hp.rope_mode, rope_factors)
+        self.b = BlockBuffers.alloc(self._buf, self.shape, MAX_BATCH)
         log.info("model %s: %d layers, d %d, heads %d/%d x %d, vocab %d, rope %s base %g, weights %s",
-                 hp.arch, hp.n_layer, d, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_vocab, hp.rope_mode,
+                 hp.arch, hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_vocab, hp.rope_mode,
                  hp.rope_base, self.weight_types())
 
     # -- loading --------------------------------------------------------------------
@@ -100,44 +89,20 @@ class Model:
 
     # -- recording ------------------------------------------------------------------
     def _record(self, n: int, all_logits: bool, capture: tuple) -> Graph:
-        hp, ctx, cache = self.hp, self.ctx, self.cache
-        d, hd, eps = hp.n_embd, hp.head_dim, hp.rms_eps
-        q_len, kv_len = hp.n_head * hd, hp.n_head_kv * hd
-        g = Graph(ctx)
-        get_rows(g, self.embd, self.ids, self.x, n)
-        for i, L in enumerate(self.layers):
+        hp, b, d = self.hp, self.b, self.hp.n_embd
+        g = Graph(self.ctx)
+        get_rows(g, self.embd, self.ids, b.x, n)
+        for i, w in enumerate(self.layers):
             if i in capture:
-                copy(g, self.x, self._capture(i).view(0, n * d * 4), n * d * 4, groups=4)
-            norm.rms_norm(g, self.x, L.attn_norm, self.xn, n, d, eps)
-            mm.matmul(g, L.wq, self.xn, self.q, n)
-            mm.matmul(g, L.wk, self.xn, self.k, n)
-            mm.matmul(g, L.wv, self.xn, self.v, n)
-            if L.bias:
-                for buf, bias, width in zip((self.q, self.k, self.v), L.bias, (q_len, kv_len, kv_len)):
-                    elementwise.add(g, buf, bias, buf, n * width)
-            if L.qk_norm:
-                norm.rms_norm(g, self.q, L.qk_norm[0], self.q, n * hp.n_head, hd, eps)
-                norm.rms_norm(g, self.k, L.qk_norm[1], self.k, n * hp.n_head_kv, hd, eps)
-            for buf, heads in ((self.q, hp.n_head), (self.k, hp.n_head_kv)):
-                rope_k.rope(g, buf, self.pos, buf, n, heads, hd, hp.rope_base, hp.rope_mode,
-                            freq_factors=self.rope_factors)
-            cache.write(g, i, self.k, self.v, self.pos, n)
-            cache.attend(g, i, self.q, self.att, self.params, n, hp.n_head)
-            mm.matmul(g, L.wo, self.att, self.o, n)
-            elementwise.add(g, self.x, self.o, self.x, n * d)
-            norm.rms_norm(g, self.x, L.ffn_norm, self.xn, n, d, eps)
-            mm.matmul(g, L.gate, self.xn, self.gate, n)
-            mm.matmul(g, L.up, self.xn, self.up, n)
-            elementwise.swiglu(g, self.gate, self.up, self.gate, n * hp.n_ff)
-            mm.matmul(g, L.down, self.gate, self.o, n)
-            elementwise.add(g, self.x, self.o, self.x, n * d)
+                copy(g, b.x, self._capture(i).view(0, n * d * 4), n * d * 4, groups=4)
+            record_block(g, w, self.shape, b, self.cache, i, n, self.pos, self.params)
         if hp.n_layer in capture:
-            copy(g, self.x, self._capture(hp.n_layer).view(0, n * d * 4), n * d * 4, groups=4)
-        norm.rms_norm(g, self.x, self.output_norm, self.xn, n, d, eps)
+            copy(g, b.x, self._capture(hp.n_layer).view(0, n * d * 4), n * d * 4, groups=4)
+        rms_norm(g, b.x, self.output_norm, b.xn, n, d, hp.rms_eps)
         if all_logits:
-            mm.matmul(g, self.output, self.xn, self.logits, n)
+            matmul(g, self.output, b.xn, self.logits, n)
         else:
-            mm.matmul(g, self.output, self.xn.view((n - 1) * d * 4, d * 4), self.logits, 1)
+            matmul(g, self.output, b.xn.view((n - 1) * d * 4, d * 4), self.logits, 1)
         return g
 
     def _capture(self, layer: int):
@@ -184,7 +149,7 @@ class Model:
         logits = self.logits.read(np.float32, rows * hp.n_vocab).reshape(rows, hp.n_vocab)
         hidden = {c: self.captures[c].read(np.float32, n * hp.n_embd).reshape(n, hp.n_embd) for c in capture}
         if capture:
-            hidden["final"] = self.xn.read(np.float32, n * hp.n_embd).reshape(n, hp.n_embd)
+            hidden["final"] = self.b.xn.read(np.float32, n * hp.n_embd).reshape(n, hp.n_embd)
         return logits, hidden
 
     def reset(self) -> None:

@@ -308,10 +308,6 @@ class ModelFile:
             raise VkdflashError(f"{self.gguf.path}: no tensor {name}")
         return TensorData(t.type_id, t.shape, self.gguf.data(name))
 
-    def describe(self) -> str:
-        from .describe import describe
-        return describe(self.gguf, self.hparams)
-
     def close(self) -> None:
         self.gguf.close()
 

@@ -50,7 +50,10 @@ class HParams:
         return asdict(self)
 
 
-class _Meta:
+class Metadata:
+    """Typed reads of GGUF metadata: a key of the wrong value type or out of range is a one-line
+    error naming the key (GGUFFile.metadata and .value_types are what it reads)."""
+
     def __init__(self, metadata: dict, value_types: dict):
         self.md, self.vt = metadata, value_types
 
@@ -81,7 +84,7 @@ class _Meta:
         return self._get(key, {VT.STRING}, "a string", None)
 
 
-def read_heads(m: "_Meta", arch: str, n_embd: int, min_head_dim: int) -> tuple[int, int, int]:
+def read_heads(m: "Metadata", arch: str, n_embd: int, min_head_dim: int) -> tuple[int, int, int]:
     """(n_head, n_head_kv, head_dim) with llama.cpp's defaults and consistency checks."""
     n_head = m.int(f"{arch}.attention.head_count", 1, MAX_HEADS)
     n_head_kv = m.int(f"{arch}.attention.head_count_kv", 1, n_head, default=n_head)
@@ -96,7 +99,7 @@ def read_heads(m: "_Meta", arch: str, n_embd: int, min_head_dim: int) -> tuple[i
 
 def read_hparams(metadata: dict, value_types: dict, tensor_names) -> HParams:
     """HParams of a llama / qwen2 / qwen3 file; the tensor names decide tied output and options."""
-    m = _Meta(metadata, value_types)
+    m = Metadata(metadata, value_types)
     arch = m.str("general.architecture")
     if arch not in ROPE_MODES:
         raise VkdflashError(f"architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
@@ -141,7 +144,7 @@ def read_hparams(metadata: dict, value_types: dict, tensor_names) -> HParams:
         n_nextn=n_nextn, nextn_hidden=nextn_hidden(m, arch))
 
 
-def nextn_hidden(m: _Meta, arch: str) -> str:
+def nextn_hidden(m: Metadata, arch: str) -> str:
     """{arch}.nextn.hidden: "prenorm" (default, llama.cpp's GLM4-MoE / Qwen3.5 heads) or "postnorm"."""
     value = m._get(f"{arch}.nextn.hidden", {VT.STRING}, "a string", "prenorm")
     if value not in NEXTN_HIDDEN:

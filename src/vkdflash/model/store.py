@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.weights import Weight
-from ..ref.quants import dequantize
+from ..kernels.blocks import dequantize
 
 
 class DeviceStore:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import VkdflashError
-from ..kernels.hadamard import scale
-from ..kernels.types import get_type
+from ..kernels.hadamard import V_BLOCK, k_block, rotation_block, rotation_enabled, scale, v_block
 
-V_BLOCK = 64
+__all__ = ["V_BLOCK", "fwht_f32", "hadamard_matrix", "k_block", "rotate", "rotation_block",
+           "rotation_enabled", "scale", "v_block"]
 
 
 def _check_n(n: int) -> None:
@@ -53,34 +53,3 @@ def fwht_f32(x: np.ndarray, n: int) -> np.ndarray:
         v = np.stack([a + b, a - b], axis=2).reshape(-1, n)
         h *= 2
     return (v * scale(n)).reshape(x.shape)
-
-
-def k_block(head_dim: int) -> int:
-    """n_k: the largest power of two >= 64 dividing head_dim (128 for 128, 64 for 64 or 192)."""
-    if head_dim % 64:
-        raise VkdflashError(f"head_dim {head_dim} is not a multiple of 64: no K rotation")
-    n = 64
-    while head_dim % (2 * n) == 0:
-        n *= 2
-    return n
-
-
-def v_block(head_dim: int) -> int:
-    """n_v: always 64."""
-    if head_dim % V_BLOCK:
-        raise VkdflashError(f"head_dim {head_dim} is not a multiple of 64: no V rotation")
-    return V_BLOCK
-
-
-def rotation_enabled(cache_type: str, head_dim: int) -> bool:
-    """Rotate a cache (K and V decided separately) iff its type is quantized and head_dim % 64 == 0."""
-    return get_type(cache_type).quantized and head_dim % 64 == 0
-
-
-def rotation_block(cache_type: str, head_dim: int, kind: str) -> int:
-    """Chunk size of the rotation for a K or V cache of this type, 0 when it is not rotated."""
-    if kind not in ("k", "v"):
-        raise VkdflashError(f"rotation kind must be 'k' or 'v', got {kind!r}")
-    if not rotation_enabled(cache_type, head_dim):
-        return 0
-    return k_block(head_dim) if kind == "k" else v_block(head_dim)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.rope import rope_freqs
+
 
 def _f64(a) -> np.ndarray:
     return np.asarray(a, dtype=np.float64)
@@ -16,16 +18,6 @@ def rms_norm(x, w, eps: float) -> np.ndarray:
     x = _f64(x)
     scale = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
     return (x * scale * _f64(w)).astype(np.float32)
-
-
-def rope_freqs(head_dim_rot: int, freq_base: float, freq_scale: float = 1.0, freq_factors=None) -> np.ndarray:
-    """Angle per position of each rotated pair i < n_rot/2: freq_scale * base^(-2i/n_rot) / ff_i
-    (ggml's rope_yarn without YaRN extrapolation)."""
-    i = np.arange(head_dim_rot // 2, dtype=np.float64)
-    f = freq_scale * np.power(float(freq_base), -2.0 * i / head_dim_rot)
-    if freq_factors is not None:
-        f = f / _f64(freq_factors)
-    return f
 
 
 def rope(x, positions, freq_base: float, mode: str = "normal", n_rot: int | None = None,

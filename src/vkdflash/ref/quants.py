@@ -7,12 +7,12 @@ gguf-py, as tinygrad's test_gguf does."""
 from __future__ import annotations
 
 import numpy as np
-from gguf import quants as gq
 
 from ..errors import VkdflashError
-from ..kernels.types import TensorType, get_type
+from ..kernels.blocks import QUANTIZABLE, as_type, dequantize, quantize
 
-QUANTIZABLE = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"}
+__all__ = ["QUANTIZABLE", "dequantize", "matmul", "quantize", "random_blocks"]
+
 
 # fp16 scale ranges (byte offset in the block, low, high) that keep dequantized values
 # about in [-1, 1]: q4_k d*6-bit scale*4-bit q, dmin*6-bit min; q6_k d*int8 scale*(q-32);
@@ -21,39 +21,9 @@ _RANDOM_SCALES = {"q4_k": [(0, 2e-4, 1e-3), (2, 2e-4, 1e-3)], "q6_k": [(208, 1e-
                   "iq4_nl": [(0, 2e-3, 8e-3)]}
 
 
-def _type(t) -> TensorType:
-    return t if isinstance(t, TensorType) else get_type(t)
-
-
-def quantize(x: np.ndarray, ttype) -> np.ndarray:
-    """Rows of float values -> raw blocks, uint8 (rows, row_bytes), exactly as gguf stores them."""
-    t = _type(ttype)
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.ndim != 2:
-        raise VkdflashError(f"quantize expects a 2-D array, got shape {x.shape}")
-    if t.name not in QUANTIZABLE:
-        raise VkdflashError(f"gguf-py cannot quantize {t.name}; use random_blocks for tests")
-    t.row_bytes(x.shape[1])  # raises on a bad row length
-    out = x if t.name == "f32" else gq.quantize(x, t.gguf)
-    return np.ascontiguousarray(out).view(np.uint8).reshape(x.shape[0], -1)
-
-
-def dequantize(raw: np.ndarray, ttype, cols: int) -> np.ndarray:
-    """Raw blocks (any shape, uint8 bytes of whole rows) -> float32 (rows, cols)."""
-    t = _type(ttype)
-    row_bytes = t.row_bytes(cols)
-    data = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
-    if data.size % row_bytes:
-        raise VkdflashError(f"{data.size} bytes is not a whole number of {t.name} rows of {cols} values")
-    rows = data.reshape(-1, row_bytes)
-    if t.name == "f32":
-        return rows.view(np.float32).copy()
-    return gq.dequantize(rows, t.gguf).astype(np.float32).reshape(-1, cols)
-
-
 def random_blocks(r: np.random.Generator, ttype, rows: int, cols: int) -> np.ndarray:
     """Valid raw blocks with values about in [-1, 1], uint8 (rows, row_bytes), for any weight type."""
-    t = _type(ttype)
+    t = as_type(ttype)
     if t.name in QUANTIZABLE:
         return quantize(r.uniform(-1.0, 1.0, (rows, cols)).astype(np.float32), t)
     if t.name not in _RANDOM_SCALES:

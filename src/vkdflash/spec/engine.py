@@ -104,6 +104,7 @@ class Speculator:
         """Yield generated token ids, committing speculatively; `budget` bounds drafting."""
         model, cache = self.model, self.model.cache
         model.reset()
+        self.ctx.temperature, self.ctx.seed = sampler.temp, sampler.seed
         t0 = time.perf_counter()
         out = model.forward(prompt_ids, capture=self.capture)
         gen_stats.prompt_tokens, gen_stats.prompt_seconds = len(prompt_ids), time.perf_counter() - t0

@@ -50,7 +50,7 @@ class KVHandle:
     def record_write(self, graph, layer: int, k_rows, v_rows, positions, n_rows: int) -> None:
         """Record a write of f32 rows (device views, only read: the core rotates and quantizes as
         it stores) at the uint32 positions in a device view, into `graph`."""
-        self._cache().write(graph, layer, k_rows, v_rows, positions, n_rows)
+        self._cache().record_write(graph, layer, k_rows, v_rows, positions, n_rows)
 
     def write(self, gpu, layer: int, k_rows, v_rows, positions) -> None:
         """Write now: host or device f32 rows [n, n_head_kv*head_dim] at host positions. Device
@@ -74,7 +74,7 @@ class KVHandle:
             views.append(rows)
         pbuf = gpu.upload(pos.astype(np.uint32))
         g = Graph(gpu)
-        self._cache().write(g, layer, views[0], views[1], pbuf, n)
+        self._cache().record_write(g, layer, views[0], views[1], pbuf, n)
         g.run()
         g.destroy()
         for b in bufs + [pbuf]:
@@ -89,6 +89,27 @@ class KVHandle:
         self._cache().truncate(n)
 
 
+@dataclass(frozen=True)
+class Option:
+    """A setting a strategy declares when it registers: `--spec-opt NAME.KEY=VALUE` sets it, the
+    strategy reads ctx.options.settings[KEY] (the default when not given)."""
+    key: str
+    type: type           # int, float, str or bool
+    default: object
+    help: str = ""
+
+    def parse(self, text: str, strategy: str):
+        try:
+            if self.type is bool:
+                if text.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(text)
+                return text.lower() in ("1", "true", "yes", "on")
+            return self.type(text)
+        except ValueError:
+            raise VkdflashError(f"--spec-opt {strategy}.{self.key}={text[:40]}: not a valid "
+                                f"{self.type.__name__}") from None
+
+
 @dataclass
 class StrategyOptions:
     draft_model: str | None = None      # -md FILE
@@ -97,6 +118,7 @@ class StrategyOptions:
     cache_type_k: str = "f16"           # -ctkd
     cache_type_v: str = "f16"           # -ctvd
     rotate: bool = True                 # --no-kv-rotation turns it off for draft caches too
+    settings: dict = field(default_factory=dict)  # the strategy's declared Options, by key
 
 
 @dataclass
@@ -108,7 +130,8 @@ class StrategyContext:
     new_start: int = 0                  # position of the first row in new_hidden / new_final
     new_hidden: dict = field(default_factory=dict)  # layer-input id -> [n_new, d] for newly committed positions
     new_final: np.ndarray | None = None  # [n_new, d]: target hidden state after output_norm
-
+    temperature: float = 0.0            # the request's sampling temperature (0: greedy), set before begin()
+    seed: int | None = None             # the request's seed (None: unseeded), set before begin()
 
     def create_kv_cache(self, n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int | None = None,
                         name: str = "draft") -> KVHandle:

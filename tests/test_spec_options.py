@@ -1,0 +1,98 @@
+"""Strategies own their options, aliases and draft files: `--spec-opt NAME.KEY=VALUE`, llama.cpp's
+`--spec-type` spellings as aliases, and `-md FILE` going to whichever plugin claims the file."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gguf_fixtures import write_model
+from vkdflash import plugins
+from vkdflash.cli import main
+from vkdflash.hookspecs import hookimpl
+
+
+@pytest.fixture(autouse=True)
+def fresh_manager():
+    plugins.reset()
+    yield
+    plugins.reset()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return str(write_model(tmp_path_factory.mktemp("opts") / "t.gguf", "llama", n_embd=128, n_ff=256, n_head=2,
+                           n_head_kv=1, head_dim=64, seed=3))
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def generate(model, *extra):
+    return run("generate", "-m", model, "ab ab ab ab ab", "-n", "10", "--temp", "0", "-c", "64", *extra)
+
+
+def one_line_error(res, *words):
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 1 and lines[-1].startswith("vkdflash: error:"), res.output
+    assert all(w in lines[-1] for w in words), lines[-1]
+
+
+def test_plugins_lists_each_strategys_options_and_aliases():
+    res = run("plugins")
+    assert res.exit_code == 0 and "--spec-opt ngram.n=<int>" in res.output and "(also draft-dflash)" in res.output
+    listing = {p["name"]: p for p in json.loads(run("plugins", "--json").output)}
+    assert listing["ngram"]["options"]["ngram"] == [
+        {"key": "n", "type": "int", "default": 3, "help": listing["ngram"]["options"]["ngram"][0]["help"]}]
+    assert listing["mtp"]["aliases"]["mtp"] == ["draft-mtp"]
+
+
+def test_a_spec_option_reaches_the_strategy_and_output_stays_identical(model):
+    plain = generate(model)
+    for n in ("1", "4"):
+        res = generate(model, "--spec", "ngram", "--spec-opt", f"ngram.n={n}")
+        assert res.exit_code == 0, res.output
+        assert res.stdout == plain.stdout
+
+
+@pytest.mark.parametrize("opt,words", [("ngram.x=1", ["no option 'x'", "n"]), ("ngram.n=abc", ["not a valid int"]),
+                                       ("dflash.n=1", ["is for dflash", "ngram"]), ("n=1", ["NAME.KEY=VALUE"]),
+                                       ("ngram.n=0", ["could not start", "at least 1"])])
+def test_bad_spec_options_are_one_line_errors(model, opt, words):
+    one_line_error(generate(model, "--spec", "ngram", "--spec-opt", opt), *words)
+
+
+def test_spec_type_takes_any_alias_and_unknown_names_are_refused(model):
+    one_line_error(generate(model, "--spec-type", "draft-dflash"), "dflash needs a draft model")
+    one_line_error(generate(model, "--spec", "nosuch"), "unknown speculative strategy", "ngram")
+    one_line_error(generate(model, "--spec", "ngram", "--spec-type", "draft-mtp"), "disagree")
+
+
+def test_a_draft_file_no_plugin_claims_is_a_one_line_error(model):
+    from gguf_fixtures import TOKENIZER_DATA
+    vocab_only = str(TOKENIZER_DATA / "ggml-vocab-gpt-2.gguf")
+    one_line_error(generate(model, "-md", vocab_only), "no strategy plugin recognizes", "architecture gpt2", "--spec")
+
+
+def test_a_third_party_plugin_claims_a_draft_file(model, caplog):
+    class Claims:
+        @hookimpl
+        def claim_draft_file(self, path, metadata):
+            return "ngram" if metadata.get("general.architecture") == "llama" else None
+
+    class Raises:
+        @hookimpl
+        def claim_draft_file(self, path, metadata):
+            raise KeyError("boom")
+
+    plain = generate(model)
+    pm = plugins.manager()
+    pm.register(Claims(), name="claims")
+    pm.register(Raises(), name="raises")
+    res = generate(model, "-md", model)
+    assert res.exit_code == 0, res.output
+    assert res.stdout == plain.stdout
+    warned = [r.getMessage() for r in caplog.records if "plugin raises" in r.getMessage()]
+    assert len(warned) == 1 and "claim_draft_file raised KeyError" in warned[0]
