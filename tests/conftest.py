@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from vkdflash import plugins
 from vkdflash.runtime.context import Context
 from vkdflash.runtime.device import list_devices
 
@@ -26,3 +27,11 @@ def ctx(request) -> Context:
 def ctx0() -> Context:
     """The default device, for tests about the runtime rather than about a kernel."""
     return context_for(DEVICES[0].index)
+
+
+@pytest.fixture
+def fresh_plugins():
+    """A plugin manager loaded afresh for the test and forgotten after it (tests register their own)."""
+    plugins.reset()
+    yield
+    plugins.reset()

@@ -24,11 +24,7 @@ from vkdflash.runtime.graph import Graph
 from vkdflash.runtime.memory import Buffer
 
 
-@pytest.fixture(autouse=True)
-def fresh_manager():
-    plugins.reset()
-    yield
-    plugins.reset()
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 
 def written_and_checked(ctx, probe, plugin=None, name="misbehaving", n=6, seed=0):

@@ -10,17 +10,12 @@ from click.testing import CliRunner
 from gguf import GGUFValueType as VT
 
 from gguf_fixtures import vocab, write_model
-from vkdflash import plugins
 from vkdflash.cli import main
 
 PROMPT = "hello world, hello world"
 
 
-@pytest.fixture(autouse=True)
-def fresh_manager():
-    plugins.reset()
-    yield
-    plugins.reset()
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 
 @pytest.fixture(scope="module")

@@ -22,11 +22,7 @@ HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
          if hasattr(fn, "vkdflash_spec")]
 
 
-@pytest.fixture(autouse=True)
-def fresh_manager():
-    plugins.reset()
-    yield
-    plugins.reset()
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 
 def test_every_hook_is_documented_with_its_exact_signature():

@@ -13,11 +13,7 @@ from vkdflash.cli import main
 from vkdflash.hookspecs import hookimpl
 
 
-@pytest.fixture(autouse=True)
-def fresh_manager():
-    plugins.reset()
-    yield
-    plugins.reset()
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 
 @pytest.fixture(scope="module")
