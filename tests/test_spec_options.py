@@ -92,3 +92,13 @@ def test_a_third_party_plugin_claims_a_draft_file(model, caplog):
     assert res.stdout == plain.stdout
     warned = [r.getMessage() for r in caplog.records if "plugin raises" in r.getMessage()]
     assert len(warned) == 1 and "claim_draft_file raised KeyError" in warned[0]
+
+
+def test_bench_spec_needs_a_strategy_and_runs_one(model):
+    res = run("bench", "spec", "-m", model, "-n", "6", "-c", "64")
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and "--spec NAME" in lines[0]
+    res = run("bench", "spec", "-m", model, "-n", "6", "-c", "128", "--spec", "ngram", "--spec-opt", "ngram.n=2")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["none_tps"] > 0 and report["spec_tps"] > 0

@@ -64,7 +64,8 @@ def bench_spec(prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_rota
     from .bench import spec as bench_run
     name = spec_request.resolve()
     if name == "none":
-        name = "ngram"  # something to compare with when no draft model is given
+        raise click.UsageError("bench spec compares a strategy with --spec none: name it with --spec NAME "
+                               "(e.g. --spec ngram) or give -md DRAFT.gguf")
     model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
     make = lambda stats: build_speculator(model, spec_request, name, not no_kv_rotation, stats)  # noqa: E731
     report = bench_run(model, tok, prompt, n_gen, make)
