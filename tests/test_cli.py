@@ -93,3 +93,21 @@ def test_conformance_reports_a_crashing_case_and_fails(monkeypatch):
     monkeypatch.setattr(conf, "all_cases", lambda pattern=None, include_slow=True: [conf.Case("fake/crash", boom)])
     res = run("conformance")
     assert res.exit_code == 1 and "FAIL RuntimeError: driver lost" in res.output and "0 passed, 1 failed" in res.output
+
+
+def test_bench_model_profile_and_verify_curve(tmp_path):
+    from gguf_fixtures import write_model
+    path = write_model(tmp_path / "m.gguf", "llama", n_embd=128, n_ff=256, n_head=2, n_head_kv=1, head_dim=64)
+    out = tmp_path / "b.json"
+    res = CliRunner().invoke(main, ["bench", "model", "-m", str(path), "-p", "8", "-n", "2", "-ctk", "q8_0",
+                                    "--profile", "--verify-curve", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    passes = report["profile"]["passes"]
+    assert set(passes) == {"1", "16"}
+    for p in passes.values():
+        assert p["gpu_ms"] > 0 and {"mul_mat", "flash_attn", "set_rows", "rms_norm"} <= set(p["families"])
+        assert abs(sum(f["share"] for f in p["families"].values()) - 1) < 1e-6
+        assert sum(f["dispatches"] for f in p["families"].values()) == p["dispatches"]
+    curve = report["verify_curve"]["relative"]
+    assert list(curve) == ["1", "2", "4", "8", "16", "32"] and curve["1"] == 1.0 and curve["32"] > 1.0

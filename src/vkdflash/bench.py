@@ -95,6 +95,59 @@ def model(m, n_prompt: int, n_gen: int) -> dict:
             "prefill_tps": n_prompt / prefill, "decode_tps": n_gen / decode}
 
 
+def family(label: str) -> str:
+    """A dispatch label's kernel family: 'mul_mat/q4_1' -> 'mul_mat', 'set_rows.q8_0.rot64' -> 'set_rows'."""
+    return label.replace(".", "/").split("/")[0]
+
+
+def profile(m, rows=(1, 16), context: int = 64, reps: int = 3) -> dict:
+    """GPU time per kernel family (and per label) of one decode step and of an n-row pass, at a
+    context of `context` tokens (timestamps; empty where the device has none)."""
+    vocab = m.hp.n_vocab
+    tokens = np.random.default_rng(1).integers(0, vocab, context + max(rows)).tolist()
+    out = {"context": context, "reps": reps, "passes": {}}
+    for n in rows:
+        m.reset()
+        m.forward(tokens[:context])
+        timings = m.profile(tokens[context:context + n], all_logits=n > 1, reps=reps)
+        total = sum(ns for _, ns in timings) or 1.0
+        by_family, by_label = {}, {}
+        for label, ns in timings:
+            for table, key in ((by_family, family(label)), (by_label, label)):
+                entry = table.setdefault(key, {"ms": 0.0, "dispatches": 0})
+                entry["ms"] += ns * 1e-6
+                entry["dispatches"] += 1
+        for table in (by_family, by_label):
+            for entry in table.values():
+                entry["share"] = entry["ms"] * 1e6 / total
+        out["passes"][str(n)] = {"rows": n, "gpu_ms": total * 1e-6, "dispatches": len(timings),
+                                 "families": dict(sorted(by_family.items(), key=lambda kv: -kv[1]["ms"])),
+                                 "labels": dict(sorted(by_label.items(), key=lambda kv: -kv[1]["ms"]))}
+    m.reset()
+    return out
+
+
+def verify_curve(m, rows=(1, 2, 4, 8, 16, 32), context: int = 64, reps: int = 3) -> dict:
+    """Wall time of an n-row forward with every row's logits (what a verify pass costs) relative
+    to n = 1, best of `reps` after a warm-up, each at the same context position."""
+    vocab = m.hp.n_vocab
+    tokens = np.random.default_rng(2).integers(0, vocab, context + max(rows)).tolist()
+    m.reset()
+    m.forward(tokens[:context])
+    seconds = {}
+    for n in rows:
+        best = float("inf")
+        for _ in range(reps + 1):  # the first pass records and compiles
+            m.cache.truncate(context)
+            t0 = time.perf_counter()
+            m.forward(tokens[context:context + n], all_logits=True)
+            best = min(best, time.perf_counter() - t0)
+        seconds[n] = best
+    m.reset()
+    return {"context": context, "reps": reps, "seconds": {str(n): s for n, s in seconds.items()},
+            "relative": {str(n): s / seconds[rows[0]] for n, s in seconds.items()}}
+
+
 SPEC_PROMPT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
                "def factorial(n):\n")
 

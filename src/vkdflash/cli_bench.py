@@ -42,12 +42,28 @@ def bench_kernels(device, json_path, reps) -> None:
               help="Tokens to decode.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, writable=True),
               help="Write the figures to this JSON file (also printed).")
+@click.option("--profile", "with_profile", is_flag=True,
+              help="Also GPU time per kernel family of a decode step and a 16-row pass (table on stderr).")
+@click.option("--verify-curve", "with_curve", is_flag=True,
+              help="Also the cost of an n-row forward relative to n = 1, n = 1..32.")
 @model_options
-def bench_model(n_prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_rotation, device) -> None:
+def bench_model(n_prompt, n_gen, json_path, with_profile, with_curve, model_path, n_ctx, ctk, ctv, no_kv_rotation,
+                device) -> None:
     """Prefill and greedy decode tok/s on a fixed synthetic prompt."""
-    from .bench import model as bench_run
-    model, tok = open_model(model_path, max(n_ctx, n_prompt + n_gen + 1), ctk, ctv, no_kv_rotation, device)
+    from .bench import model as bench_run, profile, verify_curve
+    model, tok = open_model(model_path, max(n_ctx, n_prompt + n_gen + 1, 64 + 33), ctk, ctv, no_kv_rotation, device)
     report = bench_run(model, n_prompt, n_gen)
+    if with_profile:
+        report["profile"] = profile(model)
+        for p in report["profile"]["passes"].values():
+            click.echo(f"{p['rows']}-row pass: {p['gpu_ms']:.2f} ms GPU, {p['dispatches']} dispatches", err=True)
+            for name, f in p["families"].items():
+                click.echo(f"  {name:<12} {f['ms']:8.2f} ms {100 * f['share']:5.1f}%  {f['dispatches']:4d} dispatches",
+                           err=True)
+    if with_curve:
+        report["verify_curve"] = verify_curve(model)
+        click.echo("n-row forward / 1-row: " + ", ".join(
+            f"{n}: {r:.2f}x" for n, r in report["verify_curve"]["relative"].items()), err=True)
     emit_json(report, json_path)
 
 

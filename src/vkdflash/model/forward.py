@@ -88,9 +88,9 @@ class Model:
         return "/".join(names)
 
     # -- recording ------------------------------------------------------------------
-    def _record(self, n: int, all_logits: bool, capture: tuple) -> Graph:
+    def _record(self, n: int, all_logits: bool, capture: tuple, timestamps: bool = False) -> Graph:
         hp, b, d = self.hp, self.b, self.hp.n_embd
-        g = Graph(self.ctx)
+        g = Graph(self.ctx, timestamps=timestamps)
         get_rows(g, self.embd, self.ids, b.x, n)
         for i, w in enumerate(self.layers):
             if i in capture:
@@ -140,9 +140,7 @@ class Model:
         if start + n > cache.n_ctx:
             raise VkdflashError(f"context full: {start} + {n} tokens exceed -c {cache.n_ctx}")
         graph = self.store.graph((n, all_logits, capture), lambda: self._record(n, all_logits, capture))
-        self.ids.write(chunk.astype(np.uint32))
-        self.pos.write(np.arange(start, start + n, dtype=np.uint32))
-        self.params.write(np.array([start, 0, 0, 0], np.uint32))
+        self._stage(chunk, start)
         graph.run()
         cache.n_past = start + n
         rows = (n if all_logits else 1) if need_logits else 0
@@ -151,6 +149,30 @@ class Model:
         if capture:
             hidden["final"] = self.b.xn.read(np.float32, n * hp.n_embd).reshape(n, hp.n_embd)
         return logits, hidden
+
+    def _stage(self, chunk, start: int) -> None:
+        """The per-step values of a pass over `chunk` at positions start..: ids, positions, first position."""
+        self.ids.write(chunk.astype(np.uint32))
+        self.pos.write(np.arange(start, start + chunk.size, dtype=np.uint32))
+        self.params.write(np.array([start, 0, 0, 0], np.uint32))
+
+    def profile(self, tokens, all_logits: bool, reps: int = 3) -> list[tuple[str, float]]:
+        """(label, GPU ns) per dispatch of one pass over `tokens` (1..MAX_BATCH) at the current
+        position: the fastest of `reps` replays of a graph recorded with timestamps (plus one to
+        compile). The cache position does not advance."""
+        chunk = np.asarray(tokens, np.int64).reshape(-1)
+        if not 1 <= chunk.size <= MAX_BATCH or self.cache.n_past + chunk.size > self.cache.n_ctx:
+            raise VkdflashError(f"cannot profile {chunk.size} rows at position {self.cache.n_past}")
+        graph = self._record(chunk.size, all_logits, (), timestamps=True)
+        try:
+            self._stage(chunk, self.cache.n_past)
+            runs = []
+            for _ in range(reps + 1):
+                graph.run()
+                runs.append(graph.timings())
+            return min(runs[1:], key=lambda t: sum(ns for _, ns in t))
+        finally:
+            graph.destroy()
 
     def reset(self) -> None:
         self.cache.truncate(0)
