@@ -187,3 +187,31 @@ def test_end_to_end_sampling_matches_plain_distribution(target):
     pooled = (ca + cb) / 2
     chi2 = float((((ca - pooled) ** 2 + (cb - pooled) ** 2) / np.maximum(pooled, 1)).sum())
     assert chi2 < 20.5
+
+
+class AlwaysWrong(Strategy):
+    def propose(self, ctx, last_token, max_n):
+        return Proposal([(last_token + 1) % 200] * max_n)
+
+
+def test_the_cost_aware_length_stops_drafting_what_is_never_accepted(target):
+    from vkdflash.spec.controller import DraftController
+
+    class LinearCosts(DraftController):
+        """Verify cost grows with every row (a CPU device), whatever this tiny model measures."""
+        def update(self, k, drafted, accepted, verify_seconds, draft_seconds):
+            super().update(k, drafted, accepted, 0.01 * (drafted + 1), 0.0)
+
+    model, tok = target
+    runs = {}
+    for mode in ("fixed", "cost-aware"):
+        stats = SpecStats()
+        spec = Speculator(model, "wrong", lambda ctx: AlwaysWrong(), StrategyOptions(draft_max=8), stats,
+                          LinearCosts(8, {n: 0.01 * n for n in (1, 2, 4, 8, 16)}, fixed=mode == "fixed"))
+        got = list(generate(model, tok, PROMPT, 24, Sampler(temp=0.0), (), Stats(), spec))
+        spec.close()
+        assert "".join(got) == "".join(generate(model, tok, PROMPT, 24, Sampler(temp=0.0)))
+        runs[mode] = stats
+    assert runs["fixed"].steps >= 20 and runs["fixed"].drafted >= 100 and runs["fixed"].accepted == 0
+    assert runs["cost-aware"].drafted <= 2 * 3 and runs["cost-aware"].draft_length["mean_k"] < 0.5
+    assert "draft length cost-aware: mean k" in runs["cost-aware"].line()

@@ -10,6 +10,7 @@ from .kernels.matmul import MatmulConfig, matmul
 from .kernels.weights import Weight
 from .ref.quants import random_blocks
 from .runtime.graph import Graph
+from .spec.curve import ROWS, measure
 
 COPY_SHAPES = [(8, 1), (8, 2), (8, 4), (64, 2), (64, 16), (256, 64)]  # (workgroup, groups)
 
@@ -127,23 +128,10 @@ def profile(m, rows=(1, 16), context: int = 64, reps: int = 3) -> dict:
     return out
 
 
-def verify_curve(m, rows=(1, 2, 4, 8, 16, 32), context: int = 64, reps: int = 3) -> dict:
+def verify_curve(m, rows=ROWS, context: int = 64, reps: int = 3) -> dict:
     """Wall time of an n-row forward with every row's logits (what a verify pass costs) relative
     to n = 1, best of `reps` after a warm-up, each at the same context position."""
-    vocab = m.hp.n_vocab
-    tokens = np.random.default_rng(2).integers(0, vocab, context + max(rows)).tolist()
-    m.reset()
-    m.forward(tokens[:context])
-    seconds = {}
-    for n in rows:
-        best = float("inf")
-        for _ in range(reps + 1):  # the first pass records and compiles
-            m.cache.truncate(context)
-            t0 = time.perf_counter()
-            m.forward(tokens[context:context + n], all_logits=True)
-            best = min(best, time.perf_counter() - t0)
-        seconds[n] = best
-    m.reset()
+    seconds = measure(m, rows, context, reps)
     return {"context": context, "reps": reps, "seconds": {str(n): s for n, s in seconds.items()},
             "relative": {str(n): s / seconds[rows[0]] for n, s in seconds.items()}}
 

@@ -23,6 +23,7 @@ class SpecRequest:
     ctkd: str
     ctvd: str
     spec_opts: tuple            # --spec-opt NAME.KEY=VALUE, as given
+    draft_fixed: bool = False   # --draft-fixed: always draft up to --draft-max
 
     def resolve(self) -> str:
         """The strategy to run: --spec, else the one whose plugin claims the -md file, else none."""
@@ -58,10 +59,12 @@ class SpecRequest:
 def spec_options(f):
     """Add the speculation flags to a command; it receives them as one `spec_request`."""
     @functools.wraps(f)
-    def wrapper(*args, spec, spec_type, draft_model, draft_max, draft_p_min, ctkd, ctvd, spec_opts, **kwargs):
+    def wrapper(*args, spec, spec_type, draft_model, draft_max, draft_p_min, ctkd, ctvd, spec_opts, draft_fixed,
+                **kwargs):
         if spec and spec_type and spec != spec_type:
             raise VkdflashError(f"--spec {spec} and --spec-type {spec_type} disagree")
-        request = SpecRequest(spec or spec_type, draft_model, draft_max, draft_p_min, ctkd, ctvd, tuple(spec_opts))
+        request = SpecRequest(spec or spec_type, draft_model, draft_max, draft_p_min, ctkd, ctvd, tuple(spec_opts),
+                              draft_fixed)
         return f(*args, spec_request=request, **kwargs)
 
     opts = [
@@ -82,6 +85,9 @@ def spec_options(f):
                      type=click.Choice(CACHE_TYPES, case_sensitive=False), help="Draft V cache type."),
         click.option("--spec-opt", "spec_opts", multiple=True, metavar="NAME.KEY=VALUE",
                      help="A strategy's own option (repeatable; `vkdflash plugins` lists them)."),
+        click.option("--draft-fixed", "draft_fixed", is_flag=True,
+                     help="Always draft up to --draft-max (default: each step's length is chosen for the "
+                          "most tokens per second from the measured verify cost and the running acceptance)."),
     ]
     for opt in reversed(opts):
         wrapper = opt(wrapper)
@@ -93,12 +99,18 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
     if name == "none":
         return None
     from .plugins import lookup
+    from .spec.controller import DraftController
+    from .spec.curve import verify_costs
     from .spec.engine import Speculator
     from .spec.strategy import StrategyOptions
     options = StrategyOptions(draft_model=request.draft_model, draft_max=request.draft_max, p_min=request.draft_p_min,
                               cache_type_k=request.ctkd, cache_type_v=request.ctvd, rotate=rotate,
                               settings=request.settings(name))
-    spec = Speculator(model, name, lookup(name).factory, options, stats)
+    if request.draft_fixed:
+        control = DraftController(request.draft_max, {1: 1.0}, fixed=True)
+    else:
+        control = DraftController(request.draft_max, verify_costs(model))
+    spec = Speculator(model, name, lookup(name).factory, options, stats, control)
     if spec.strategy is None:  # the factory itself failed: that is the user's error, say it once
         raise VkdflashError(f"strategy {name} could not start: {stats.disabled}")
     return spec

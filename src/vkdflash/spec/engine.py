@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .controller import DraftController
 from .stats import SpecStats
 from .strategy import Proposal, StrategyContext
 from .verify import verify
@@ -43,8 +44,10 @@ def target_view(model) -> TargetView:
 
 
 class Speculator:
-    def __init__(self, model, name: str, factory, options, stats: SpecStats):
+    def __init__(self, model, name: str, factory, options, stats: SpecStats, control: DraftController | None = None):
+        """control: chooses each step's draft length (None: always up to --draft-max)."""
         self.model, self.stats = model, stats
+        self.control = control or DraftController(options.draft_max, {1: 1.0}, fixed=True)
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
         self.strategy = None
@@ -118,16 +121,19 @@ class Speculator:
             emitted += 1
             pos = cache.n_past  # where `last` goes
             room = min(budget - emitted - 1, cache.n_ctx - pos - 1)
-            max_n = min(self.stats.draft_max, room) if self.strategy is not None else 0
             if pos >= cache.n_ctx:
                 return
-            prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
+            max_n = self.control.choose(room) if self.strategy is not None else 0
             t0 = time.perf_counter()
+            prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
+            t1 = time.perf_counter()
             out = model.forward([last] + prop.tokens, all_logits=True, capture=self.capture)
-            self.stats.verify_seconds += time.perf_counter() - t0
+            t2 = time.perf_counter()
+            self.stats.verify_seconds += t2 - t1
             n, nxt = verify(prop.tokens, out.logits, sampler, prop.probs)
             cache.truncate(pos + 1 + n)
             self.stats.record(len(prop.tokens), n)
+            self.control.update(max_n, len(prop.tokens), n, t2 - t1, t1 - t0)
             log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), max_n, n)
             if self.strategy is not None:
                 self._committed(out, pos, 1 + n, [last] + prop.tokens[:n])
@@ -143,6 +149,7 @@ class Speculator:
         self.stats.inject_seconds += time.perf_counter() - t0
 
     def close(self) -> None:
+        self.stats.draft_length = self.control.summary()
         if self.strategy is not None:
             self._guard("close", self.strategy.close)
         self.ctx.close()

@@ -16,6 +16,7 @@ class SpecStats:
     draft_seconds: float = 0.0
     inject_seconds: float = 0.0
     disabled: str = ""          # why the strategy was switched off mid-request, if it was
+    draft_length: dict = field(default_factory=dict)  # DraftController.summary(): mean k chosen, and why
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
         if n_drafted == 0:
@@ -43,7 +44,7 @@ class SpecStats:
                 "tau": self.tau,
                 "per_position_acceptance": [a / self.steps if self.steps else 0.0 for a in self.per_position],
                 "seconds": {"verify": self.verify_seconds, "draft": self.draft_seconds, "inject": self.inject_seconds},
-                "disabled": self.disabled or None}
+                "disabled": self.disabled or None, "draft_length": self.draft_length or None}
 
     def line(self) -> str:
         per_pos = " ".join(f"{a / self.steps:.2f}" for a in self.per_position[:8]) if self.steps else "-"
@@ -51,4 +52,8 @@ class SpecStats:
                 f"{self.accepted} ({100 * self.acceptance_rate:.1f}%), tau {self.tau:.2f}, per position "
                 f"[{per_pos}{' ...' if len(self.per_position) > 8 else ''}], time verify {self.verify_seconds:.2f}s "
                 f"draft {self.draft_seconds:.2f}s inject {self.inject_seconds:.2f}s")
+        d = self.draft_length
+        if d:
+            text += (f"; draft length {d['mode']}: mean k {d['mean_k']:.1f}, expected {d['expected_tps']:.1f} "
+                     f"tok/s vs {d['plain_tps']:.1f} plain")
         return text + (f"; switched off: {self.disabled}" if self.disabled else "")

@@ -1,0 +1,109 @@
+"""Cost-aware draft length (docs/design.md section 11): before each step choose k, 0..k_max, to
+maximise expected committed tokens per second
+
+    E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j        T(k) = c_verify(k + 1) + c_draft(k)
+
+a_j: the running probability that draft j is accepted given drafts 1..j-1 were (decayed counts
+per position, so it follows the text; a position with little evidence leans on the one before
+it, so after drafts 1..j keep being accepted the choice reaches for j + 1); c_verify(n): seconds of an n-row target pass (the
+measured curve, refreshed from every verify pass); c_draft(k): seconds of a proposal of up to k
+tokens (learned per k; unseen k interpolated, 0 before the first). k = 0 is plain decoding;
+while the choice stays 0 it drafts a little anyway every `probe_every` steps, so the estimates
+can recover when the text becomes predictable; a probe that gets nothing accepted doubles the
+wait (up to MAX_PROBE_WAIT), so a draft that is never right costs next to nothing."""
+from __future__ import annotations
+
+import numpy as np
+
+DECAY = 0.9        # weight of the past in the acceptance counts and timing averages, per update
+PRIOR = 2.0        # pseudo-counts behind a_j's prior: a_{j-1} (0.5 for a_1)
+MAX_PROBE_WAIT = 128
+
+
+class DraftController:
+    def __init__(self, k_max: int, verify_seconds: dict, fixed: bool = False, probe_every: int = 8):
+        self.k_max, self.fixed, self.probe_every = int(k_max), fixed, probe_every
+        self.verify = {int(n): float(s) for n, s in verify_seconds.items()}
+        self.draft: dict[int, float] = {}
+        self.counts = np.zeros((self.k_max, 2))  # decayed (accepted, rejected) per draft position
+        self.idle = 0      # steps since the last draft
+        self.wait = probe_every  # idle steps before the next probe
+        self.probing = False
+        self.chosen: list[int] = []
+
+    # -- the model -----------------------------------------------------------------
+    def acceptance(self) -> np.ndarray:
+        """a_j for j = 1..k_max."""
+        out, prior = np.empty(self.k_max), 0.5
+        for j, (acc, rej) in enumerate(self.counts):
+            out[j] = prior = (acc + PRIOR * prior) / (acc + rej + PRIOR)
+        return out
+
+    def c_verify(self, n: int) -> float:
+        return _interp(self.verify, n)
+
+    def c_draft(self, k: int) -> float:
+        return _interp(self.draft, k) if k and self.draft else 0.0
+
+    def expected_rate(self, k: int) -> float:
+        """Committed tokens per second with k drafts."""
+        tokens = 1.0 + float(np.sum(np.cumprod(self.acceptance()[:k]))) if k else 1.0
+        return tokens / (self.c_verify(k + 1) + self.c_draft(k))
+
+    # -- deciding and learning -------------------------------------------------------
+    def choose(self, room: int) -> int:
+        """k for the next step, at most `room`."""
+        limit = min(self.k_max, room)
+        if limit <= 0:
+            return 0
+        if self.fixed:
+            k = limit
+        else:
+            k = max(range(limit + 1), key=self.expected_rate)
+            self.probing = k == 0 and self.idle >= self.wait
+            if self.probing:
+                k = min(2, limit)
+        self.idle = 0 if k else self.idle + 1
+        self.chosen.append(k)
+        return k
+
+    def update(self, k: int, drafted: int, accepted: int, verify_seconds: float, draft_seconds: float) -> None:
+        """After a step that asked for k drafts, got `drafted`, and the target accepted `accepted`."""
+        rows = drafted + 1
+        self.verify[rows] = _ema(self.verify.get(rows), verify_seconds)
+        if k:
+            self.draft[k] = _ema(self.draft.get(k), draft_seconds)
+        if self.probing:
+            self.wait = self.probe_every if accepted else min(2 * self.wait, MAX_PROBE_WAIT)
+            self.probing = False
+        if drafted:
+            self.counts[:drafted] *= DECAY
+            self.counts[:accepted, 0] += 1
+            if accepted < drafted:
+                self.counts[accepted, 1] += 1
+
+    def summary(self) -> dict:
+        """Mean chosen k and why: the expected rate of the mean choice next to plain decoding's."""
+        mean_k = float(np.mean(self.chosen)) if self.chosen else 0.0
+        k = int(round(mean_k))
+        return {"mode": "fixed" if self.fixed else "cost-aware", "mean_k": mean_k,
+                "expected_tps": self.expected_rate(k), "plain_tps": self.expected_rate(0),
+                "acceptance": [round(float(a), 3) for a in self.acceptance()],
+                "verify_seconds": {str(n): s for n, s in sorted(self.verify.items())}}
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else DECAY * old + (1 - DECAY) * new
+
+
+def _interp(table: dict, x: int) -> float:
+    """Piecewise linear over the known points, extended linearly past the last one."""
+    xs = sorted(table)
+    if x in table:
+        return table[x]
+    if len(xs) == 1:
+        return table[xs[0]] * x / xs[0]
+    if x > xs[-1]:
+        a, b = xs[-2], xs[-1]
+        return table[b] + (table[b] - table[a]) / (b - a) * (x - b)
+    return float(np.interp(x, xs, [table[v] for v in xs]))

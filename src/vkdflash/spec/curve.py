@@ -1,0 +1,67 @@
+"""The target's verify cost curve: seconds of an n-row forward with every row's logits, measured
+once per (model file, device, cache types) and kept in $VKDFLASH_CACHE/verify-curves.json; the
+draft-length controller refreshes it from live verify passes."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import numpy as np
+
+from ..model.fetch import cache_dir
+
+log = logging.getLogger("vkdflash")
+ROWS = (1, 2, 4, 8, 16, 32)
+
+
+def measure(model, rows=ROWS, context: int = 64, reps: int = 3) -> dict[int, float]:
+    """Best of `reps` wall-clock seconds of an n-row pass at a `context`-token position, after a
+    warm-up pass that records and compiles. The cache is left empty."""
+    context = max(0, min(context, model.cache.n_ctx - max(rows)))
+    tokens = np.random.default_rng(2).integers(0, model.hp.n_vocab, context + max(rows)).tolist()
+    model.reset()
+    if context:
+        model.forward(tokens[:context])
+    seconds = {}
+    for n in rows:
+        best = float("inf")
+        for _ in range(reps + 1):
+            model.cache.truncate(context)
+            t0 = time.perf_counter()
+            model.forward(tokens[context:context + n], all_logits=True)
+            best = min(best, time.perf_counter() - t0)
+        seconds[n] = best
+    model.reset()
+    return seconds
+
+
+def _key(model) -> str:
+    path = os.path.realpath(model.mf.gguf.path)
+    st = os.stat(path)
+    f = model.ctx.features
+    return f"{path}|{st.st_size}|{st.st_mtime_ns}|{f.name}|{f.driver}|{model.cache.ctk}/{model.cache.ctv}"
+
+
+def verify_costs(model) -> dict[int, float]:
+    """The cached curve for this model, device and cache types, measured now if there is none."""
+    file, key = cache_dir() / "verify-curves.json", _key(model)
+    try:
+        known = json.loads(file.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known.get(key), dict):
+        try:
+            return {int(n): float(s) for n, s in known[key].items()}
+        except (TypeError, ValueError):
+            pass
+    log.info("measuring the verify cost curve of this model on this device (once; cached in %s)", file)
+    curve = measure(model, reps=1)
+    known[key] = {str(n): s for n, s in curve.items()}
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps(known, indent=1))
+    except OSError as exc:  # a read-only cache only costs a measurement next time
+        log.warning("could not cache the verify cost curve in %s: %s", file, exc)
+    return curve

@@ -1,0 +1,83 @@
+"""The cost-aware draft length: it picks argmax_k E(k) / T(k) from its estimates, learns
+acceptance and costs from the steps it sees, probes when it has stopped drafting, and keeps the
+old behaviour with fixed=True."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vkdflash.spec.controller import DraftController
+
+GPU = {n: 0.010 + 0.0002 * n for n in (1, 2, 4, 8, 16, 32)}          # verify nearly free
+CPU = {1: 0.066, 2: 0.080, 4: 0.101, 8: 0.150, 16: 0.250, 32: 0.460}   # lavapipe-like, n=16 ~3.8x
+
+
+def trained(curve, accept_p: float, k_max: int = 8, steps: int = 200, draft_cost: float = 0.0, seed: int = 0):
+    """A controller fed `steps` fixed-length steps whose drafts are accepted i.i.d. with accept_p."""
+    c = DraftController(k_max, curve)
+    r = np.random.default_rng(seed)
+    for _ in range(steps):
+        accepted = 0
+        while accepted < k_max and r.random() < accept_p:
+            accepted += 1
+        c.update(k_max, k_max, accepted, curve[min(curve, key=lambda n: abs(n - k_max - 1))], draft_cost)
+    return c
+
+
+def test_fixed_mode_always_drafts_the_most_it_may():
+    c = DraftController(6, CPU, fixed=True)
+    assert [c.choose(room) for room in (10, 6, 3, 0)] == [6, 6, 3, 0]
+
+
+def test_it_chooses_the_k_with_the_best_expected_rate():
+    c = trained(CPU, 0.8)
+    k = c.choose(64)
+    rates = [c.expected_rate(j) for j in range(9)]
+    assert k == int(np.argmax(rates)) and rates[k] > rates[0]
+    assert c.acceptance()[0] == pytest.approx(0.8, abs=0.1)
+
+
+def test_cheap_verify_and_good_drafts_draft_the_most():
+    assert trained(GPU, 0.9).choose(64) == 8
+
+
+def test_drafts_that_are_never_accepted_stop_being_drafted_except_for_rarer_and_rarer_probes():
+    c = trained(CPU, 0.0)
+    chosen = []
+    for _ in range(300):
+        k = c.choose(64)
+        chosen.append(k)
+        c.update(k, k, 0, CPU[min(CPU, key=lambda n: abs(n - k - 1))], 0.0)
+    probes = [i for i, k in enumerate(chosen) if k]
+    assert set(chosen) <= {0, 2} and probes[0] == 8
+    waits = np.diff(probes)
+    assert list(waits[:4]) == [17, 33, 65, 129] and len(probes) <= 6  # the wait doubles after each miss
+
+
+def test_it_recovers_when_the_text_becomes_predictable():
+    c = trained(CPU, 0.0)
+    for _ in range(100):
+        k = c.choose(64)
+        c.update(k, k, k, CPU[min(CPU, key=lambda n: abs(n - k - 1))], 0.0)  # everything accepted now
+    assert c.choose(64) >= 4
+
+
+def test_an_expensive_draft_lowers_the_choice():
+    cheap, dear = trained(GPU, 0.7, draft_cost=0.0), trained(GPU, 0.7, draft_cost=0.2)
+    assert dear.choose(64) < cheap.choose(64)
+
+
+def test_costs_interpolate_and_extend_linearly():
+    c = DraftController(4, {1: 1.0, 4: 4.0})
+    assert c.c_verify(2) == pytest.approx(2.0) and c.c_verify(6) == pytest.approx(6.0)
+    assert c.c_draft(3) == 0.0
+    c.update(2, 2, 1, 2.5, 0.3)
+    assert c.c_verify(3) == pytest.approx(2.5) and c.c_draft(2) == pytest.approx(0.3) and c.c_draft(4) > 0.3
+
+
+def test_summary_says_what_it_chose_and_why():
+    c = trained(CPU, 0.8)
+    for _ in range(5):
+        c.choose(64)
+    s = c.summary()
+    assert s["mode"] == "cost-aware" and s["mean_k"] > 0 and s["expected_tps"] > s["plain_tps"]
