@@ -102,3 +102,18 @@ def test_bench_spec_needs_a_strategy_and_runs_one(model):
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     assert report["none_tps"] > 0 and report["spec_tps"] > 0
+
+
+def test_the_verify_curve_is_measured_once_and_cached(model, tmp_path, monkeypatch):
+    from vkdflash.spec import curve
+    monkeypatch.setenv("VKDFLASH_CACHE", str(tmp_path))
+    calls = []
+    real = curve.measure
+    monkeypatch.setattr(curve, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for _ in range(2):
+        res = generate(model, "--spec", "ngram", "-c", "24")
+        assert res.exit_code == 0 and "draft length cost-aware" in res.output, res.output
+    assert len(calls) == 1
+    cached = json.loads((tmp_path / "verify-curves.json").read_text())
+    (curve_seconds,) = cached.values()
+    assert set(curve_seconds) == {"1", "2", "4", "8", "16"}  # what fits a 24-token context
