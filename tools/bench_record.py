@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Record the speed figures the speculation work is judged by, side by side, into
+benchmarks/<device>.json, so a later change can be compared with `git diff` and a rerun.
+
+    python tools/bench_record.py            # the default model; run on an idle machine
+
+Figures (each from one `vkdflash bench` run): decode/prefill tok/s, the kernel-family profile
+and the verify cost curve; ngram on code that repeats itself and a random DFlash draft, each
+cost-aware and --draft-fixed next to plain decoding."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REPEATING_CODE = ("class Point2:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+                  "class Point3:\n    def __init__(self, x, y, z):\n        self.x = x\n        self.y = y\n"
+                  "        self.z = z\n\nclass Point4:\n")
+
+
+def vkdflash(*args) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        subprocess.run([sys.executable, "-c", "from vkdflash.cli import main; main()", *args, "--json", f.name],
+                       check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return json.loads(Path(f.name).read_text())
+
+
+def spec_figures(report: dict) -> dict:
+    s = report["spec"]
+    return {"plain_tps": report["none_tps"], "spec_tps": report["spec_tps"], "speedup": report["speedup"],
+            "identical_output": report["identical_output"], "drafted": s["drafted"], "accepted": s["accepted"],
+            "tau": s["tau"], "mean_k": (s["draft_length"] or {}).get("mean_k")}
+
+
+def main() -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from dflash_fixtures import write_dflash
+    from vkdflash.model import default_model_path
+    model = str(default_model_path())
+    out: dict = {"date": date.today().isoformat(), "model": Path(model).name,
+                 "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                          text=True).stdout.strip()}
+    m = vkdflash("bench", "model", "-p", "64", "-n", "32", "--profile", "--verify-curve")
+    out["device"] = m["device"]
+    out["model_bench"] = {"decode_tps": m["decode_tps"], "prefill_tps": m["prefill_tps"],
+                          "verify_curve": m["verify_curve"]["relative"],
+                          "profile_ms": {n: {f: round(v["ms"], 2) for f, v in p["families"].items()}
+                                         for n, p in m["profile"]["passes"].items()}}
+    with tempfile.TemporaryDirectory() as d:
+        draft = str(write_dflash(Path(d) / "random_dflash.gguf", model, n_layer=1, target_layers=(2, 10, 18, 26),
+                                 n_head=9, n_head_kv=3, head_dim=64, n_ff=1536))
+        runs = {"ngram_repeating_code": ["--spec", "ngram", "--draft-max", "16", "-p", REPEATING_CODE],
+                "random_dflash": ["-md", draft, "--draft-max", "15"]}
+        for name, args in runs.items():
+            for mode in ("cost-aware", "fixed"):
+                extra = ["--draft-fixed"] if mode == "fixed" else []
+                out.setdefault(name, {})[mode] = spec_figures(vkdflash("bench", "spec", "-n", "48", *args, *extra))
+    slug = re.sub(r"[^a-z0-9]+", "-", out["device"].lower()).strip("-")
+    dest = ROOT / "benchmarks" / f"{slug}.json"
+    dest.parent.mkdir(exist_ok=True)
+    dest.write_text(json.dumps(out, indent=1) + "\n")
+    print(dest)
+
+
+if __name__ == "__main__":
+    main()
