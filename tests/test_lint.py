@@ -16,13 +16,14 @@ def test_the_repository_stands_alone():
     """Nothing reads the folder beside the repository, and every `docs/...md section N` that code
     cites exists in this repository with that section."""
     import re
-    outside = re.compile(r"\.\./shared|parents\[\d\]\s*/\s*[\"']shared|VKDFLASH_SHARED")
+    shared = "sha" + "red"  # spelled apart so this file does not match its own pattern
+    outside = re.compile("|".join([r"\.\./" + shared, r"parents\[\d\]\s*/\s*[\"']" + shared, "VKDFLASH_" + shared.upper()]))
     cite = re.compile(r"docs/([\w-]+\.md) sections? (\d+)")
     offenders, missing = [], []
     for path in [p for d in ("src", "plugins", "tests", "tools", "shaders") for p in (ROOT / d).rglob("*")
                  if p.suffix in (".py", ".glsl", ".comp")]:
         text = path.read_text(encoding="utf-8")
-        if outside.search(text) and path.name != "test_lint.py":
+        if outside.search(text):
             offenders.append(str(path.relative_to(ROOT)))
         for doc, section in cite.findall(text):
             target = ROOT / "docs" / doc
