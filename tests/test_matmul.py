@@ -1,6 +1,8 @@
 """mul_mat and get_rows: batch invariance (bitwise), the row-pieces path, and input checks."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -176,3 +178,26 @@ def test_bad_id_gives_nan(ctx):
     g.run()
     assert (out.read(np.float32) == 1).all()
     g.destroy(), w.destroy(), ids.destroy(), out.destroy()
+
+
+@pytest.mark.parametrize("tname", ["q4_1", "q6_k"])
+def test_texel_and_storage_paths_agree_bitwise(ctx, tname, monkeypatch):
+    """Texel loads are only a faster read: where the device cannot bind a texel view (here: a
+    pretended limit of one texel) matmul takes the storage path and gives the same bits."""
+    rows, cols, n = 21, 512, 5
+    raw = ref.random_blocks(np.random.default_rng(4), tname, rows, cols)
+    w = Weight(ctx, tname, rows, cols, raw)
+    x = np.random.default_rng(5).uniform(-1, 1, (n, cols)).astype(np.float32)
+    texel = dataclasses.replace(config_for(ctx.features), texel=True)
+    outs = []
+    for limit in (ctx.features.max_texel_buffer_elements, 1):
+        monkeypatch.setattr(ctx.features, "max_texel_buffer_elements", limit)
+        xb, yb, g = ctx.upload(x), ctx.buffer(n * rows * 4), Graph(ctx)
+        matmul(g, w, xb, yb, n, texel)
+        g.run()
+        outs.append((yb.read(np.float32), {d.pipeline.shader for d in g._dispatches}))
+        g.destroy(), xb.destroy(), yb.destroy()
+    w.destroy()
+    (fast, fast_shaders), (slow, slow_shaders) = outs
+    assert fast_shaders == {"mul_mat_texel"} and slow_shaders == {"mul_mat"}
+    assert np.array_equal(fast.view(np.uint32), slow.view(np.uint32))

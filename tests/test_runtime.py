@@ -10,7 +10,7 @@ from vkdflash.errors import VkdflashError
 from vkdflash.kernels.copy import copy
 from vkdflash.runtime.device import choose_device, list_devices
 from vkdflash.runtime.graph import Graph
-from vkdflash.runtime.memory import pieces
+from vkdflash.runtime.memory import TexelView, View, pieces, texel_view
 
 
 def test_graph_of_many_dispatches_replays_with_one_submit(ctx0):
@@ -74,6 +74,16 @@ def test_pieces_fit_range_and_alignment():
         assert all(r * row_bytes % align == 0 for r, _ in got)
     with pytest.raises(VkdflashError, match="exceeds"):
         pieces(_fake(100, 4), 10, 101)
+
+
+def test_texel_view_only_where_the_device_can_bind_it():
+    ctx = types.SimpleNamespace(features=types.SimpleNamespace(
+        min_texel_buffer_offset_alignment=64, max_texel_buffer_elements=100))
+    buf = types.SimpleNamespace()
+    assert texel_view(ctx, View(buf, 128, 1608), "u32x4") == TexelView(buf, 128, 1600, "u32x4")
+    assert texel_view(ctx, View(buf, 48, 1600), "u32x4") is None      # offset not 64-aligned
+    assert texel_view(ctx, View(buf, 0, 1616), "f32x4") is None       # 101 texels
+    assert texel_view(ctx, View(buf, 0, 400), "u32") == TexelView(buf, 0, 400, "u32")
 
 
 def test_tensor_larger_than_storage_range_copies_in_pieces(ctx0):

@@ -9,7 +9,7 @@ import struct
 from dataclasses import dataclass
 
 from ..errors import VkdflashError
-from ..runtime.memory import as_view
+from ..runtime.memory import as_view, texel_view
 from .weights import Weight
 
 
@@ -28,6 +28,7 @@ class MatmulConfig:
     rolled_slots: bool = False  # a rolled loop over the nj slots: slower, compiles fast on LLVM
     rows_matvec: int = 1  # weight rows per lane for n = 1 (wide path, 32-value blocks)
     rows_batch: int = 1   # the same for n > 1
+    texel: bool = False   # read W and x as uniform texel buffers where the device can bind them
 
     @property
     def rows_per_group(self) -> int:
@@ -45,7 +46,8 @@ def config_for(features) -> MatmulConfig:
     if features.device_type == "cpu":
         # nj 4: within 10% of the best at n = 2..64, half the compile time of 8; 2 rows a
         # lane share each activation load (+20-30% at n = 1)
-        return MatmulConfig(workgroup=sg, split=1, nj=4, xbcast=sg >= 8, rows_matvec=2, rows_batch=2)
+        return MatmulConfig(workgroup=sg, split=1, nj=4, xbcast=sg >= 8, rows_matvec=2, rows_batch=2,
+                            texel=True)
     split = min(sg, 32)
     return MatmulConfig(workgroup=max(64, split), split=split, nj=8, xbcast=False)
 
@@ -100,16 +102,22 @@ def matmul(graph, weight: Weight, x_view, y_view, n: int, config: MatmulConfig |
     if groups_y > 65535:
         raise VkdflashError(f"matmul: n={n} needs more than 65535 workgroups; split the batch")
     rl = rows_per_lane(weight, n, cfg)
+    wide = int(cfg.wide and weight.ttype.name in WIDE_GROUP)
+    ctx = graph.ctx
     first = True
     for piece in weight.pieces:
+        w, xt = piece.view, None
+        if cfg.texel:
+            w, xt = texel_view(ctx, piece.view, "u32x4" if wide else "u32"), texel_view(ctx, x, "f32x4")
+        shader, texels = ("mul_mat_texel", (0, 1)) if w and xt else ("mul_mat", ())
+        views = [w, xt, y] if texels else [piece.view, x, y]
         for align, tail, row, step in row_classes(weight, piece.rows, cfg):
-            wide = int(cfg.wide and weight.ttype.name in WIDE_GROUP)
             spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, int(cfg.xbcast), align, tail,
                     int(cfg.rolled_slots), rl)
-            pipe = graph.ctx.pipeline("mul_mat", 3, 28, spec)
+            pipe = ctx.pipeline(shader, 3, 28, spec, texels)
             push = struct.pack("<7I", piece.rows, weight.cols, n, piece.first_row, weight.rows, row, step)
             groups_x = -(-(-(-(piece.rows - row) // step)) // (cfg.rows_per_group * rl))
             # pieces and classes write disjoint rows of y: only the first waits for earlier work
-            graph.dispatch(pipe, [piece.view, x, y], (groups_x, groups_y), push, barrier=first,
+            graph.dispatch(pipe, views, (groups_x, groups_y), push, barrier=first,
                            label=f"mul_mat/{weight.ttype.name}")
             first = False

@@ -76,11 +76,12 @@ class Context:
         return buf
 
     # -- pipelines ----------------------------------------------------------
-    def pipeline(self, shader: str, n_bindings: int, push_size: int = 0, spec: tuple = ()) -> Pipeline:
-        key = (shader, n_bindings, push_size, tuple(spec))
+    def pipeline(self, shader: str, n_bindings: int, push_size: int = 0, spec: tuple = (),
+                 texels: tuple = ()) -> Pipeline:
+        key = (shader, n_bindings, push_size, tuple(spec), tuple(texels))
         pipe = self.pipelines.get(key)
         if pipe is None:
-            pipe = self.pipelines[key] = Pipeline(self, shader, n_bindings, push_size, tuple(spec))
+            pipe = self.pipelines[key] = Pipeline(self, shader, n_bindings, push_size, tuple(spec), tuple(texels))
         return pipe
 
     # -- submission ---------------------------------------------------------

@@ -31,6 +31,8 @@ class Features:
     subgroup_ops: list
     max_storage_buffer_range: int
     min_storage_buffer_offset_alignment: int
+    max_texel_buffer_elements: int
+    min_texel_buffer_offset_alignment: int
     max_shared_memory: int
     max_workgroup_invocations: int
     timestamp_period_ns: float
@@ -114,6 +116,8 @@ class Instance:
                           and subgroup.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT],
             max_storage_buffer_range=p.limits.maxStorageBufferRange,
             min_storage_buffer_offset_alignment=p.limits.minStorageBufferOffsetAlignment,
+            max_texel_buffer_elements=p.limits.maxTexelBufferElements,
+            min_texel_buffer_offset_alignment=p.limits.minTexelBufferOffsetAlignment,
             max_shared_memory=p.limits.maxComputeSharedMemorySize,
             max_workgroup_invocations=p.limits.maxComputeWorkGroupInvocations,
             timestamp_period_ns=float(p.limits.timestampPeriod),

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..errors import VkdflashError
-from .memory import as_view
+from .memory import TEXEL_FORMATS, TexelView, as_view
 from .ownership import call_site, check_recorded, owners_of
 
 
@@ -35,6 +35,7 @@ class Graph:
         self._sealed: str | None = None   # why no dispatch may be recorded now
         self._acting = None               # the Owner recording its own dispatches now
         self._cmd = self._pool = self._query_pool = None
+        self._buffer_views: list = []      # VkBufferViews of texel bindings, made when recorded
 
     def dispatch(self, pipeline, views, groups, push: bytes = b"", barrier: bool = True,
                  label: str | None = None) -> None:
@@ -48,6 +49,8 @@ class Graph:
         for owner in owners - {self._acting}:
             raise VkdflashError(f"{call_site()} binds {owner.name} memory in a {label} dispatch: only the "
                                 "cache's own write and attention paths may")
+        for i, v in enumerate(views):
+            assert isinstance(v, TexelView) == (i in pipeline.texels), f"{label}: binding {i} view kind"
         assert len(views) == pipeline.n_bindings, f"{pipeline.shader}: {len(views)} views for {pipeline.n_bindings} bindings"
         assert len(push) == pipeline.push_size, f"{pipeline.shader}: push {len(push)} != {pipeline.push_size}"
         groups = tuple(int(g) for g in groups) + (1,) * (3 - len(groups))
@@ -86,18 +89,14 @@ class Graph:
         ctx, vk, ffi = self.ctx, self.ctx.vk, self.ctx.ffi
         n_desc = sum(d.pipeline.n_bindings for d in self._dispatches)
         self._pool = vk.vkCreateDescriptorPool(ctx.device, vk.VkDescriptorPoolCreateInfo(
-            maxSets=max(1, len(self._dispatches)), poolSizeCount=1,
-            pPoolSizes=[vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                                descriptorCount=max(1, n_desc))]), None)
+            maxSets=max(1, len(self._dispatches)), poolSizeCount=2,
+            pPoolSizes=[vk.VkDescriptorPoolSize(type=t, descriptorCount=max(1, n_desc)) for t in
+                        (vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, vk.VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER)]), None)
         sets = []
         for d in self._dispatches:
             ds = vk.vkAllocateDescriptorSets(ctx.device, vk.VkDescriptorSetAllocateInfo(
                 descriptorPool=self._pool, descriptorSetCount=1, pSetLayouts=[d.pipeline.set_layout]))[0]
-            writes = [vk.VkWriteDescriptorSet(
-                dstSet=ds, dstBinding=i, descriptorCount=1,
-                descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=v.buffer.handle, offset=v.offset, range=v.size)])
-                for i, v in enumerate(d.views)]
+            writes = [self._descriptor(ds, i, d.pipeline.descriptor_type(i), v) for i, v in enumerate(d.views)]
             vk.vkUpdateDescriptorSets(ctx.device, len(writes), writes, 0, None)
             sets.append(ds)
         if self.timestamps:
@@ -127,6 +126,19 @@ class Graph:
                 vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, self._query_pool, 2 * i + 1)
         vk.vkEndCommandBuffer(cmd)
         self._cmd = cmd
+
+    def _descriptor(self, ds, binding: int, kind: int, v):
+        vk = self.ctx.vk
+        if not isinstance(v, TexelView):
+            return vk.VkWriteDescriptorSet(dstSet=ds, dstBinding=binding, descriptorCount=1, descriptorType=kind,
+                                           pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=v.buffer.handle,
+                                                                                  offset=v.offset, range=v.size)])
+        fmt = getattr(vk, "VK_FORMAT_" + TEXEL_FORMATS[v.format][0])
+        bv = vk.vkCreateBufferView(self.ctx.device, vk.VkBufferViewCreateInfo(
+            buffer=v.buffer.handle, format=fmt, offset=v.offset, range=v.size), None)
+        self._buffer_views.append(bv)
+        return vk.VkWriteDescriptorSet(dstSet=ds, dstBinding=binding, descriptorCount=1, descriptorType=kind,
+                                       pTexelBufferView=[bv])
 
     def run(self) -> None:
         """Replay every recorded dispatch with exactly one queue submit."""
@@ -159,6 +171,9 @@ class Graph:
         if self._query_pool is not None:
             vk.vkDestroyQueryPool(dev, self._query_pool, None)
             self._query_pool = None
+        for bv in self._buffer_views:
+            vk.vkDestroyBufferView(dev, bv, None)
+        self._buffer_views = []
 
 
 def run_once(ctx, pipeline, views: list, groups, push: bytes = b"") -> None:

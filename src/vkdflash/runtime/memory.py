@@ -28,8 +28,8 @@ class Buffer:
         vk = ctx.vk
         self.ctx, self.nbytes = ctx, int(nbytes)
         self.owner = owner  # an ownership.Owner: only its code may bind or write this memory
-        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
-                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT
+                 | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
         self.handle = vk.vkCreateBuffer(ctx.device, vk.VkBufferCreateInfo(
             size=self.nbytes, usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
         req = vk.vkGetBufferMemoryRequirements(ctx.device, self.handle)
@@ -105,6 +105,29 @@ class View:
     buffer: Buffer
     offset: int
     size: int
+
+
+# texel formats a kernel may read a buffer as: name -> (VkFormat suffix, bytes per texel)
+TEXEL_FORMATS = {"u32": ("R32_UINT", 4), "u32x4": ("R32G32B32A32_UINT", 16),
+                 "f32x4": ("R32G32B32A32_SFLOAT", 16)}
+
+
+@dataclass(frozen=True)
+class TexelView(View):
+    """A view bound as a uniform texel buffer (read with texelFetch): on lavapipe a texel fetch
+    is a straight-line gather, where a storage-buffer load is a branchy loop over the lanes."""
+    format: str = "u32x4"
+
+
+def texel_view(ctx, x, fmt: str) -> TexelView | None:
+    """`x` as texels of `fmt`, or None where the device cannot bind it so (offset alignment,
+    texel count): the caller then takes its storage-buffer path."""
+    v = as_view(x)
+    size = TEXEL_FORMATS[fmt][1]
+    f = ctx.features
+    if v.offset % max(f.min_texel_buffer_offset_alignment, size) or v.size // size > f.max_texel_buffer_elements:
+        return None
+    return TexelView(v.buffer, v.offset, v.size // size * size, fmt)
 
 
 def as_view(x) -> View:

@@ -1,7 +1,7 @@
 """Compute pipelines: one per (shader, binding count, push size, specialization constants).
 
-Every kernel uses the same shape of interface: N storage buffers in set 0 (bindings 0..N-1),
-an optional push-constant block for static shapes, and 32-bit specialization constants
+Every kernel uses the same shape of interface: N buffers in set 0 (bindings 0..N-1), storage
+buffers except those named as uniform texel buffers, an optional push-constant block for static shapes, and 32-bit specialization constants
 numbered from 0 (constant 0 is the workgroup size by convention)."""
 from __future__ import annotations
 
@@ -26,14 +26,15 @@ def _spec_word(value) -> bytes:
 
 
 class Pipeline:
-    def __init__(self, ctx, shader: str, n_bindings: int, push_size: int, spec: tuple):
+    def __init__(self, ctx, shader: str, n_bindings: int, push_size: int, spec: tuple, texels: tuple = ()):
         vk, ffi = ctx.vk, ctx.ffi
         self.ctx, self.shader, self.n_bindings, self.push_size = ctx, shader, n_bindings, push_size
+        self.texels = frozenset(texels)  # bindings that are uniform texel buffers
         code = spirv_bytes(shader)
         self.module = vk.vkCreateShaderModule(ctx.device, vk.VkShaderModuleCreateInfo(
             codeSize=len(code), pCode=code), None)
         bindings = [vk.VkDescriptorSetLayoutBinding(
-            binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
+            binding=i, descriptorType=self.descriptor_type(i), descriptorCount=1,
             stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for i in range(n_bindings)]
         self.set_layout = vk.vkCreateDescriptorSetLayout(ctx.device, vk.VkDescriptorSetLayoutCreateInfo(
             bindingCount=n_bindings, pBindings=bindings), None)
@@ -53,6 +54,10 @@ class Pipeline:
                                                    pName="main", pSpecializationInfo=spec_info)
         self.handle = vk.vkCreateComputePipelines(ctx.device, None, 1, [vk.VkComputePipelineCreateInfo(
             stage=stage, layout=self.layout)], None)[0]
+
+    def descriptor_type(self, binding: int) -> int:
+        vk = self.ctx.vk
+        return vk.VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER if binding in self.texels else vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
 
     def destroy(self) -> None:
         vk, dev = self.ctx.vk, self.ctx.device
