@@ -8,6 +8,10 @@
 // may not see. At the end the lanes merge their states in fixed lane order (one barrier, no
 // tree). A row's operations depend only on its own visible length, never on n_q, QT or G, so
 // its output has the same bits however the queries are batched or chunked (batch invariance).
+// TEXEL variant: Q, K and V are read as uniform texel buffers (see mul_mat.comp: cheaper loads
+// on lavapipe).
+//! variant flash_attn
+//! variant flash_attn_texel TEXEL=1
 #include "common.glsl"
 #include "types.glsl"
 #include "hadamard.glsl"
@@ -21,12 +25,24 @@ layout(constant_id = 6) const uint K_ROT = 0u;   // Hadamard chunk of a rotated 
 layout(constant_id = 7) const float K_ROT_SCALE = 1.0;  // f32(1/sqrt(K_ROT))
 const uint R = QT * G;                           // rows per workgroup: row r = (query r / G, head r % G)
 
-layout(binding = 0) readonly buffer Q { vec4 q_in[]; };        // [n_q, n_head, HD]
 // Cache rows are only 2-byte aligned, but lavapipe gathers every load lane by lane, so whole
 // 16-byte vectors are read and the 16-bit words picked out with selects (fetch_k / fetch_v).
 // The host binds the cache padded to a 16-byte boundary.
-layout(binding = 1) readonly buffer K { uvec4 k_cache[]; };  // [n_ctx] rows of n_head_kv*HD values
-layout(binding = 2) readonly buffer V { uvec4 v_cache[]; };
+#ifdef TEXEL
+layout(binding = 0) uniform samplerBuffer q_tex;   // [n_q, n_head, HD]
+layout(binding = 1) uniform usamplerBuffer k_tex;  // [n_ctx] rows of n_head_kv*HD values
+layout(binding = 2) uniform usamplerBuffer v_tex;
+vec4 q_in(uint i) { return texelFetch(q_tex, int(i)); }
+uvec4 k_cache(uint i) { return texelFetch(k_tex, int(i)); }
+uvec4 v_cache(uint i) { return texelFetch(v_tex, int(i)); }
+#else
+layout(binding = 0) readonly buffer Q { vec4 q_in_[]; };
+layout(binding = 1) readonly buffer K { uvec4 k_cache_[]; };
+layout(binding = 2) readonly buffer V { uvec4 v_cache_[]; };
+vec4 q_in(uint i) { return q_in_[i]; }
+uvec4 k_cache(uint i) { return k_cache_[i]; }
+uvec4 v_cache(uint i) { return v_cache_[i]; }
+#endif
 layout(binding = 3) writeonly buffer O { vec4 o_out[]; };      // [n_q, n_head, HD]
 layout(binding = 4) readonly buffer Params { uint first_pos; };  // rewritten between replays
 
@@ -54,7 +70,7 @@ uint v_row[2 * HD];
         const bool odd = (base & 1u) != 0u;                                            \
         uint u[HD + 8];                                                                \
         [[unroll]] for (uint k = 0; k < (n / 2u + 7u) / 4u; k++) {                     \
-            uvec4 x = BUF[min(a0 + k, a_last)];                                        \
+            uvec4 x = BUF(min(a0 + k, a_last));                                        \
             u[4u * k] = x.x; u[4u * k + 1u] = x.y; u[4u * k + 2u] = x.z; u[4u * k + 3u] = x.w; \
         }                                                                              \
         uint cur = r == 0u ? u[0] : r == 1u ? u[1] : r == 2u ? u[2] : u[3];            \
@@ -112,7 +128,7 @@ void main() {
             const uint src = (qi * p.n_head + h0 + r % G) * HD + c * K_ROT - r * HD;
             float v[K_ROT > 0u ? K_ROT : 1u];
             for (uint i = 0; i < K_ROT; i += 4) {
-                vec4 x = q_in[(src + i) / 4u];
+                vec4 x = q_in((src + i) / 4u);
                 v[i] = x.x; v[i + 1] = x.y; v[i + 2] = x.z; v[i + 3] = x.w;
             }
             FWHT(v, 0u, K_ROT, K_ROT_SCALE)
@@ -125,7 +141,7 @@ void main() {
             const uint qi = min(q0 + r / G, p.n_q - 1u);  // rows past n_q load a real query, never used
             const uint q_off = (qi * p.n_head + h0 + r % G) * (HD / 4u);
             [[unroll]] for (uint d = 0; d < HD; d += 4) {
-                vec4 x = q_in[q_off + d / 4u] * qscale;
+                vec4 x = q_in(q_off + d / 4u) * qscale;
                 q[r * HD + d] = x.x; q[r * HD + d + 1] = x.y; q[r * HD + d + 2] = x.z; q[r * HD + d + 3] = x.w;
             }
         }

@@ -205,13 +205,10 @@ void dequant_chunk(uint o, uint sub, out precise vec4 w[8]) {
     }
 }
 
-// The chunk's dot product as a fixed tree (same in every slot, for every n).
-float chunk_dot(vec4 w[8], vec4 x[8]) {
-    precise float t[8];
-    [[unroll]] for (uint k = 0u; k < 8u; k++)
-        t[k] = (w[k].x * x[k].x + w[k].y * x[k].y) + (w[k].z * x[k].z + w[k].w * x[k].w);
-    precise float s = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
-    return s;
+// One step of a chunk's dot product: s += w . x over 4 values, as fma in column order. Every
+// path runs the same chain of 32 fused steps per chunk, so a result never depends on n or slot.
+void dot4(inout precise float s, vec4 w, vec4 x) {
+    s = fma(w.x, x.x, s); s = fma(w.y, x.y, s); s = fma(w.z, x.z, s); s = fma(w.w, x.w, s);
 }
 
 // 32 activations starting at vec4 index `base`
@@ -239,21 +236,36 @@ void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[
             [[dont_unroll]] for (uint jj = 0u; jj < NJ; jj++) {
                 vec4 xs[8];
                 load_x(xj[jj] + xb, xs);
-                precise float t = SCALED ? dscale * chunk_dot(w, xs) : chunk_dot(w, xs);
-                acc[0][jj] = acc[0][jj] + t;
+                precise float s = 0.0;
+                [[unroll]] for (uint k = 0u; k < 8u; k++) dot4(s, w[k], xs[k]);
+                acc[0][jj] = SCALED ? fma(dscale, s, acc[0][jj]) : acc[0][jj] + s;
             }
         } else {
-            vec4 xs[NJ][8];
-            [[unroll]] for (uint jj = 0u; jj < NJ; jj++) load_x(xj[jj] + xb, xs[jj]);
+            // every row's chunk dequantized once, then the 32 steps of every (row, slot) chain
+            // interleaved 4 values at a time: few values live at once, no register spills
+            vec4 w[RL][8];
+            float d[RL];
             [[unroll]] for (uint i = 0u; i < RL; i++) {
                 a = win[i];
-                vec4 w[8];
-                dequant_chunk(o, sub, w);
+                dequant_chunk(o, sub, w[i]);
+                d[i] = dscale;
+            }
+            vec4 mine[NJ];
+            if (XBCAST != 0u)
+                [[unroll]] for (uint jj = 0u; jj < NJ; jj++) mine[jj] = x4(xj[jj] + xb + (gl_SubgroupInvocationID & 7u));
+            precise float s[RL][NJ];
+            [[unroll]] for (uint k = 0u; k < 8u; k++) {
                 [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
-                    precise float t = SCALED ? dscale * chunk_dot(w, xs[jj]) : chunk_dot(w, xs[jj]);
-                    acc[i][jj] = acc[i][jj] + t;
+                    vec4 xk = XBCAST != 0u ? subgroupShuffle(mine[jj], k) : x4(xj[jj] + xb + k);
+                    [[unroll]] for (uint i = 0u; i < RL; i++) {
+                        if (k == 0u) s[i][jj] = 0.0;
+                        dot4(s[i][jj], w[i][k], xk);
+                    }
                 }
             }
+            [[unroll]] for (uint i = 0u; i < RL; i++)
+                [[unroll]] for (uint jj = 0u; jj < NJ; jj++)
+                    acc[i][jj] = SCALED ? fma(d[i], s[i][jj], acc[i][jj]) : acc[i][jj] + s[i][jj];
         }
     }
 }

@@ -38,14 +38,14 @@ class Setup:
     def out(self, n_q):
         return self.ctx.buffer(n_q * self.q_bytes)
 
-    def dispatch(self, g, slot, first_pos, q_index, n_q, out, out_index, mask="causal", q_buf=None):
+    def dispatch(self, g, slot, first_pos, q_index, n_q, out, out_index, mask="causal", q_buf=None, texel=None):
         """Record queries q_index.. (n_q of them) at cache positions first_pos.. into out[out_index..]."""
         self.params.write(np.array([first_pos], np.uint32), slot * self.stride)
         q_buf = self.qb if q_buf is None else q_buf
         attention(g, q_buf.view(q_index * self.q_bytes, n_q * self.q_bytes), self.kv, self.vv,
                   out.view(out_index * self.q_bytes, n_q * self.q_bytes),
                   self.params.view(slot * self.stride, 4), n_q, N_HEAD, N_HEAD_KV, HD,
-                  self.kind, self.kind, mask)
+                  self.kind, self.kind, mask, texel=texel)
 
     def destroy(self):
         for b in (self.kb, self.vb, self.qb, self.params):
@@ -150,6 +150,22 @@ def test_tiling_gives_same_bits(ctx, mask, monkeypatch):
         gr.destroy(), out.destroy()
     for got in outs[1:]:
         assert np.array_equal(got.view(np.uint32), outs[0].view(np.uint32))
+    s.destroy()
+
+
+@pytest.mark.parametrize("kind", ["f16", "q5_1"])
+def test_texel_and_storage_loads_give_same_bits(ctx, kind):
+    s = Setup(ctx, kind, 1)
+    n_q, outs = 5, []
+    for texel in (True, False):
+        out, gr = s.out(n_q), Graph(ctx)
+        s.dispatch(gr, 0, FIRST, 0, n_q, out, 0, texel=texel)
+        gr.run()
+        outs.append((read(out, n_q), {d.pipeline.shader for d in gr._dispatches}))
+        gr.destroy(), out.destroy()
+    (fast, fast_shaders), (slow, slow_shaders) = outs
+    assert fast_shaders == {"flash_attn_texel"} and slow_shaders == {"flash_attn"}
+    assert np.array_equal(fast.view(np.uint32), slow.view(np.uint32))
     s.destroy()
 
 

@@ -10,6 +10,7 @@ from gguf import quants as gq
 from . import NMSE_ATTENTION, Case, launch, rng, uniform
 from ..kernels.attention import attention
 from ..kernels.types import CACHE_TYPES, get_type
+from ..runtime.memory import prefers_texel_loads
 from ..ref.attention import attention as ref_attention
 from ..ref.hadamard import fwht_f32
 
@@ -40,27 +41,31 @@ def upload_cache(ctx, raw: np.ndarray):
 
 
 def run_attention(ctx, q, k_raw, v_raw, first_pos, n_head_kv, k_type, v_type, mask="causal",
-                  scale=None, q_rotation=0):
+                  scale=None, q_rotation=0, texel=None):
     """Upload, record, run once; returns f32 [n_q, n_head, hd] (`launch` checks Q is unchanged)."""
     n_q, n_head, hd = q.shape
     (kb, kv), (vb, vv) = upload_cache(ctx, k_raw), upload_cache(ctx, v_raw)
 
     def record(g, qb, _kb, _vb, pb, out):
-        attention(g, qb, kv, vv, out, pb, n_q, n_head, n_head_kv, hd, k_type, v_type, mask, scale, q_rotation)
+        attention(g, qb, kv, vv, out, pb, n_q, n_head, n_head_kv, hd, k_type, v_type, mask, scale, q_rotation,
+                  texel)
     return launch(ctx, q.nbytes, record, q, kb, vb, np.array([first_pos], np.uint32)).reshape(q.shape)
 
 
-def _case(k_type, v_type, hd, n_head, n_head_kv, n_q, first_pos, mask, scale=None, slow=False, q_rotation=0):
+def _case(k_type, v_type, hd, n_head, n_head_kv, n_q, first_pos, mask, scale=None, slow=False, q_rotation=0,
+          other_path=False):
     def run(ctx):
         r = rng("attention", k_type, v_type, hd, n_head, n_head_kv, n_q, first_pos, mask, scale, q_rotation)
         n_ctx = first_pos + n_q + 3  # rows past the visible range must be ignored
         k_raw, k = make_cache(r, k_type, n_ctx, n_head_kv, hd)
         v_raw, v = make_cache(r, v_type, n_ctx, n_head_kv, hd)
         q = uniform(r, n_q, n_head, hd)
-        got = run_attention(ctx, q, k_raw, v_raw, first_pos, n_head_kv, k_type, v_type, mask, scale, q_rotation)
+        texel = not prefers_texel_loads(ctx.features) if other_path else None
+        got = run_attention(ctx, q, k_raw, v_raw, first_pos, n_head_kv, k_type, v_type, mask, scale, q_rotation,
+                            texel)
         q_ref = fwht_f32(q, q_rotation) if q_rotation else q
         return got, ref_attention(q_ref, k, v, first_pos, mask, scale)
-    name = (f"attention/{k_type},{v_type}/hd={hd},heads={n_head}/{n_head_kv},n_q={n_q},"
+    name = (f"attention/{'other-path/' if other_path else ''}{k_type},{v_type}/hd={hd},heads={n_head}/{n_head_kv},n_q={n_q},"
             f"pos={first_pos},{mask}" + ("" if scale is None else f",scale={scale}")
             + (f",qrot={q_rotation}" if q_rotation else ""))
     return Case(name, run, threshold=NMSE_ATTENTION, slow=slow)
@@ -92,4 +97,8 @@ def cases():
                                  ("q4_1", "q8_0", 192, 64, 3), ("q5_0", "iq4_nl", 256, 256, 2)):
         out.append(_case(kt, vt, hd, 4, 2, n_q, 40, "causal", q_rotation=rot))
     out.append(_case("f16", "q8_0", 128, 32, 8, 64, 2000, "causal", slow=True))
+    # the load path the device does not prefer (texel or storage buffers), so both are checked
+    out += [_case("f16", "f16", 64, 6, 2, 5, 30, "causal", other_path=True),
+            _case("q4_0", "iq4_nl", 64, 8, 2, 1, 40, "causal", other_path=True),
+            _case("q8_0", "q4_1", 128, 4, 2, 3, 40, "block", q_rotation=128, other_path=True)]
     return out

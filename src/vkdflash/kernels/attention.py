@@ -12,7 +12,7 @@ import math
 import struct
 
 from ..errors import VkdflashError
-from ..runtime.memory import View, as_view
+from ..runtime.memory import View, as_view, prefers_texel_loads, texel_view
 from .hadamard import scale as rotation_scale
 from .kv_store import ROTATIONS
 from .types import CACHE_TYPES, get_type
@@ -33,7 +33,7 @@ def cache_nbytes(cache_type, n_ctx: int, n_head_kv: int, head_dim: int) -> int:
 
 def attention(graph, q_view, k_view, v_view, out_view, params_view, n_q: int, n_head: int,
               n_head_kv: int, head_dim: int, k_type, v_type, mask: str = "causal",
-              scale: float | None = None, q_rotation: int = 0) -> None:
+              scale: float | None = None, q_rotation: int = 0, texel: bool | None = None) -> None:
     """Record out = softmax(scale * (H Q) K^T + mask) V for n_q queries at cache positions
     first_pos .. first_pos+n_q-1, first_pos being uint32 word 0 of `params_view` (read at run time,
     so the host may rewrite it between replays). Q and out are f32 [n_q, n_head, head_dim]; H is
@@ -73,9 +73,16 @@ def attention(graph, q_view, k_view, v_view, out_view, params_view, n_q: int, n_
     if -(-n_q // qt) > MAX_GROUPS:
         raise VkdflashError(f"attention takes at most {MAX_GROUPS * qt} queries per call, got {n_q}")
     rot = (q_rotation, float(rotation_scale(q_rotation)) if q_rotation else 1.0)
-    pipe = graph.ctx.pipeline("flash_attn", 5, 32, (LANES, head_dim, kt.id, vt.id, g, qt) + rot)
+    spec = (LANES, head_dim, kt.id, vt.id, g, qt) + rot
+    views = [q_view, k_view, v_view, out_view, params_view]
+    texels = [texel_view(graph.ctx, v, f) for v, f in zip(views[:3], ("f32x4", "u32x4", "u32x4"))]
+    if (prefers_texel_loads(graph.ctx.features) if texel is None else texel) and all(texels):
+        pipe = graph.ctx.pipeline("flash_attn_texel", 5, 32, spec, (0, 1, 2))
+        views[:3] = texels
+    else:
+        pipe = graph.ctx.pipeline("flash_attn", 5, 32, spec)
     push = struct.pack("<7If", n_q, n_head, gqa, n_ctx, k_row // 2, v_row // 2, MASKS[mask], scale)
-    graph.dispatch(pipe, [q_view, k_view, v_view, out_view, params_view], (n_head // g, -(-n_q // qt)), push,
+    graph.dispatch(pipe, views, (n_head // g, -(-n_q // qt)), push,
                    label=f"flash_attn/{kt.name},{vt.name}" + (f",qrot{q_rotation}" if q_rotation else ""))
 
 

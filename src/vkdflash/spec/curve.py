@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from ..model.fetch import cache_dir
+from ..runtime.pipelines import spirv_build_id
 
 log = logging.getLogger("vkdflash")
 ROWS = (1, 2, 4, 8, 16, 32)
@@ -42,7 +43,8 @@ def _key(model) -> str:
     path = os.path.realpath(model.mf.gguf.path)
     st = os.stat(path)
     f = model.ctx.features
-    return f"{path}|{st.st_size}|{st.st_mtime_ns}|{f.name}|{f.driver}|{model.cache.ctk}/{model.cache.ctv}"
+    return (f"{path}|{st.st_size}|{st.st_mtime_ns}|{f.name}|{f.driver}|{model.cache.ctk}/{model.cache.ctv}"
+            f"|kernels {spirv_build_id()}")
 
 
 def verify_costs(model) -> dict[int, float]:
