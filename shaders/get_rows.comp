@@ -16,6 +16,7 @@ layout(push_constant) uniform Push {
     uint rows;        // weight rows in this piece
     uint total_rows;  // weight rows in all pieces
     uint cols;
+    uint stride;      // bytes per weight row (kernels/weights.py pads rows to 16 bytes)
 } p;
 
 #define DQ_BUF w16
@@ -29,9 +30,8 @@ void main() {
     uint id = ids[i], out0 = i * p.cols + chunk * 32u;
     if (id - p.first_row < p.rows) {  // unsigned: also false for id < first_row
         uint per = type_qk(TYPE) / 32u;  // chunks per block
-        uint row_u16 = nchunk / per * type_u16(TYPE);
         float v[32];
-        dequant_w(TYPE, (id - p.first_row) * row_u16 + chunk / per * type_u16(TYPE), chunk % per, v);
+        dequant_w(TYPE, (id - p.first_row) * (p.stride / 2u) + chunk / per * type_u16(TYPE), chunk % per, v);
         [[unroll]] for (uint k = 0u; k < 32u; k++) o[out0 + k] = v[k];
     } else if (p.first_row == 0u && id >= p.total_rows) {
         [[unroll]] for (uint k = 0u; k < 32u; k++) o[out0 + k] = uintBitsToFloat(0x7FC00000u);

@@ -11,9 +11,9 @@
 // lavapipe facts behind the load paths: a storage-buffer load costs a per-lane loop, so
 // 16-byte loads (WIDE) read ~2.5x faster than 4-byte ones, and loading an x chunk once per
 // subgroup and shuffling it (XBCAST) beats every lane loading the same x.
-// WIDE path: rows r = row_first + k * row_step all start at the same byte offset ALIGN mod 16
-// (the host dispatches once per such class), so every block of a group of G blocks sits at a
-// compile-time offset in a window of 16-byte loads; TAIL blocks (cols/QK mod G) end the row.
+// WIDE path: rows are stored 16-byte aligned (kernels/weights.py pads each row of the GGUF
+// layout to `stride` bytes), so every block of a group of G blocks sits at a compile-time
+// offset in a window of 16-byte loads; TAIL blocks (cols/QK mod G) end the row.
 // TEXEL variant: W and X are uniform texel buffers; lavapipe turns a texel fetch into a
 // straight-line gather, where a storage-buffer load is a loop over the lanes (2-4x faster).
 //! variant mul_mat
@@ -27,11 +27,10 @@ layout(constant_id = 2) const uint SPLIT = 1u;   // lanes per row: power of two 
 layout(constant_id = 3) const uint NJ = 1u;      // activation rows per invocation
 layout(constant_id = 4) const uint WIDE = 0u;    // 1: 16-byte loads (not q6_k)
 layout(constant_id = 5) const uint XBCAST = 0u;  // 1: subgroup size >= 8 and SPLIT == 1
-layout(constant_id = 6) const uint ALIGN = 0u;   // WIDE: byte offset mod 16 of every row's start
-layout(constant_id = 7) const uint TAIL = 0u;    // WIDE: blocks per row mod G
-layout(constant_id = 8) const uint JROLL = 0u;   // 1: a rolled loop over the NJ slots (compiles
+layout(constant_id = 6) const uint TAIL = 0u;    // WIDE: blocks per row mod G
+layout(constant_id = 7) const uint JROLL = 0u;   // 1: a rolled loop over the NJ slots (compiles
                                                  // ~60x faster on LLVM without XBCAST, runs slower)
-layout(constant_id = 9) const uint R = 1u;       // weight rows per lane (WIDE, 32-value blocks)
+layout(constant_id = 8) const uint R = 1u;       // weight rows per lane (WIDE, 32-value blocks)
 
 #ifdef TEXEL
 layout(binding = 0) uniform usamplerBuffer w_tex;  // u32x4 texels (wide path), else u32
@@ -54,8 +53,7 @@ layout(push_constant) uniform Push {
     uint n;         // activation rows
     uint row0;      // output feature of this piece's first row
     uint y_stride;  // floats per output row
-    uint row_first; // rows of this dispatch: row_first + k * row_step (WIDE alignment class)
-    uint row_step;
+    uint stride;    // bytes per weight row (a multiple of 16)
 } p;
 
 const bool PLAIN = TYPE == T_F32 || TYPE == T_F16 || TYPE == T_BF16;
@@ -64,15 +62,15 @@ const uint QK = (TYPE == T_Q4_K || TYPE == T_Q6_K) ? 256u : 32u;
 const uint BB = TYPE == T_F32 ? 128u : (TYPE == T_F16 || TYPE == T_BF16) ? 64u : TYPE == T_Q8_0 ? 34u
     : TYPE == T_Q4_0 ? 18u : TYPE == T_Q4_1 ? 20u : TYPE == T_Q5_0 ? 22u : TYPE == T_Q5_1 ? 24u
     : TYPE == T_Q4_K ? 144u : 210u;
-// blocks per group (WIDE): 16 / gcd(BB, 16), so groups keep the row's alignment; q6_k would
+// blocks per group (WIDE): 16 / gcd(BB, 16), so every group starts 16-byte aligned; q6_k would
 // need 8 x 210 bytes, too big a window: it always takes the narrow path
 const bool WIDE_ON = WIDE != 0u && TYPE != T_Q6_K;
 const uint G = !WIDE_ON ? 1u : (TYPE == T_Q8_0 || TYPE == T_Q4_0 || TYPE == T_Q5_0) ? 8u
     : TYPE == T_Q4_1 ? 4u : TYPE == T_Q5_1 ? 2u : 1u;
-const uint NW = 72u;  // most 32-bit words held at once: 8 q8_0 blocks at ALIGN 14 (286 bytes)
+const uint NW = 68u;  // most 32-bit words held at once: 8 q8_0 blocks (272 bytes)
 
 // The loaded bytes as 32-bit words a[]; at32/at16/at8(b) read byte b on. Wide path: b counts
-// from the window start. Narrow path: blocks are only 2-byte aligned, so when `odd` the window
+// from the group's start. Narrow path: blocks are only 2-byte aligned, so when `odd` the window
 // starts 2 bytes before the block and b counts from the block. Offsets are compile-time
 // constants after unrolling, so only the odd/even choice is made at run time (a select).
 uint a[NW];
@@ -97,10 +95,10 @@ void load_block(uint off) {
     [[unroll]] for (uint k = 0u; k < (BB + 5u) / 4u; k++) a[k] = w32(min(base + k, last));
 }
 
-// wide path: `nb` blocks starting at window byte ALIGN of 16-byte word `base`
+// wide path: `nb` blocks starting at 16-byte word `base`
 void load_group(uint base, uint nb) {
     odd = false;
-    [[unroll]] for (uint k = 0u; k < (ALIGN + nb * BB + 15u) / 16u; k++) {
+    [[unroll]] for (uint k = 0u; k < (nb * BB + 15u) / 16u; k++) {
         uvec4 v = w128(base + k);
         a[4u * k] = v.x; a[4u * k + 1u] = v.y; a[4u * k + 2u] = v.z; a[4u * k + 3u] = v.w;
     }
@@ -229,7 +227,7 @@ uint win[RL][NW];                      // each row's loaded group (a[] holds the
 // acc[i][jj] += chunk c of the loaded groups . activation rows xj[jj], chunk at x vec4 xb
 void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[RL][NJ]) {
     [[unroll]] for (uint c = c0; c < c0 + count; c++) {
-        uint o = ALIGN + c / (QK / 32u) * BB, sub = c % (QK / 32u), xb = xb0 + c * 8u;
+        uint o = c / (QK / 32u) * BB, sub = c % (QK / 32u), xb = xb0 + c * 8u;
         if (JROLL != 0u) {
             vec4 w[8];
             dequant_chunk(o, sub, w);
@@ -276,10 +274,9 @@ void main() {
     uint nblk = p.cols / QK, xrow = p.cols / 4u;
     uint r[RL], row_off[RL];
     [[unroll]] for (uint i = 0u; i < RL; i++) {
-        r[i] = p.row_first + ((gl_WorkGroupID.x * RL + i) * RPG + lane / SPLIT) * p.row_step;
-        // dead lanes read a real row of their class and store nothing
-        uint rr = r[i] < p.rows ? r[i] : p.row_first + (p.rows - 1u - p.row_first) / p.row_step * p.row_step;
-        row_off[i] = rr * nblk * BB;
+        r[i] = (gl_WorkGroupID.x * RL + i) * RPG + lane / SPLIT;
+        // dead lanes read a real row and store nothing
+        row_off[i] = min(r[i], p.rows - 1u) * p.stride;
     }
     // activation rows past n repeat row n-1: computed, never stored (no branches: every lane
     // must reach the shuffles, and SIMD CPUs would run a skipped branch anyway)
@@ -294,7 +291,7 @@ void main() {
     for (uint g = part; g < ng; g += SPLIT) {
         [[unroll]] for (uint i = 0u; i < RL; i++) {
             if (WIDE_ON) {
-                load_group((row_off[i] - ALIGN) / 16u + g * (G * BB / 16u), G);
+                load_group(row_off[i] / 16u + g * (G * BB / 16u), G);
             } else if (PLAIN) {
                 uint base = (row_off[i] + g * BB) >> 2;  // plain rows are 4-byte aligned
                 [[unroll]] for (uint k = 0u; k < BB / 4u; k++) a[k] = w32(base + k);
@@ -307,7 +304,7 @@ void main() {
     }
     if (WIDE_ON && TAIL > 0u && part == ng % SPLIT) {
         [[unroll]] for (uint i = 0u; i < RL; i++) {
-            load_group((row_off[i] - ALIGN) / 16u + ng * (G * BB / 16u), TAIL);
+            load_group(row_off[i] / 16u + ng * (G * BB / 16u), TAIL);
             win[i] = a;
         }
         chunks(0u, TAIL * QK / 32u, ng * G * QK / 4u, xj, acc);

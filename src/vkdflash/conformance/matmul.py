@@ -1,9 +1,8 @@
 """Quantized matmul against gguf-py dequantization times x in float64.
 
-Shapes: rows that start 16-byte aligned, and "odd" rows of 3 blocks (18/20/22/24/34 bytes)
-that start at up to 8 offsets mod 16 and end in a partial group (mul_mat.comp's alignment
-classes and tail); n = 1 (its own slot count), 7 (slots partly filled) and 64; a cols=4096
-matvec. Odd shapes with n > 1 keep 3 rows: each class is a pipeline for lavapipe to compile.
+Shapes: rows whose size is a multiple of 16 bytes, and "odd" rows of 3 blocks (18/20/22/24/34
+bytes) that Weights pads to a 16-byte stride and that end in a partial group (mul_mat.comp's
+tail); n = 1 (its own slot count), 7 (slots partly filled) and 64; a cols=4096 matvec.
 "other-path" cases flip the device's choice of texel or storage-buffer loads, so both load
 paths are checked on every device."""
 from __future__ import annotations

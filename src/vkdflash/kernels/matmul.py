@@ -4,7 +4,6 @@ Every result y[i, r] is bit-identical for any n (shaders/mul_mat.comp explains t
 so a verify pass over n tokens reproduces n single-token decodes exactly."""
 from __future__ import annotations
 
-import math
 import struct
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ class MatmulConfig:
     split: int      # lanes sharing one weight row (power of two <= subgroup size)
     nj: int         # most activation rows per invocation (n = 1 always uses 1)
     xbcast: bool    # lanes load different parts of an x chunk and shuffle (subgroup >= 8, split 1)
-    wide: bool = True  # 16-byte weight loads, one dispatch per row alignment class (not q6_k)
+    wide: bool = True  # 16-byte weight loads (not q6_k)
     rolled_slots: bool = False  # a rolled loop over the nj slots: slower, compiles fast on LLVM
     rows_matvec: int = 1  # weight rows per lane for n = 1 (wide path, 32-value blocks)
     rows_batch: int = 1   # the same for n > 1
@@ -51,19 +50,6 @@ def config_for(features) -> MatmulConfig:
                             texel=prefers_texel_loads(features))
     split = min(sg, 32)
     return MatmulConfig(workgroup=max(64, split), split=split, nj=8, xbcast=False)
-
-
-def row_classes(weight: Weight, rows: int, cfg: MatmulConfig) -> list[tuple[int, int, int, int]]:
-    """(align, tail, first row, row step) per dispatch over `rows` rows of a piece.
-
-    Wide path: rows whose start has the same offset mod 16 go in one dispatch, so the shader
-    knows every block's place in its 16-byte loads at compile time. Narrow path: one class."""
-    group = WIDE_GROUP.get(weight.ttype.name)
-    if not cfg.wide or group is None:
-        return [(0, 0, 0, 1)]
-    nblk = weight.cols // max(32, weight.ttype.qk)
-    step = 16 // math.gcd(weight.row_bytes, 16)
-    return [(c * weight.row_bytes % 16, nblk % group, c, step) for c in range(min(step, rows))]
 
 
 def rows_per_lane(weight: Weight, n: int, cfg: MatmulConfig) -> int:
@@ -104,21 +90,20 @@ def matmul(graph, weight: Weight, x_view, y_view, n: int, config: MatmulConfig |
         raise VkdflashError(f"matmul: n={n} needs more than 65535 workgroups; split the batch")
     rl = rows_per_lane(weight, n, cfg)
     wide = int(cfg.wide and weight.ttype.name in WIDE_GROUP)
+    # wide path: the blocks after the last whole group of WIDE_GROUP
+    tail = weight.cols // max(32, weight.ttype.qk) % WIDE_GROUP[weight.ttype.name] if wide else 0
     ctx = graph.ctx
-    first = True
     for piece in weight.pieces:
         w, xt = piece.view, None
         if cfg.texel:
             w, xt = texel_view(ctx, piece.view, "u32x4" if wide else "u32"), texel_view(ctx, x, "f32x4")
         shader, texels = ("mul_mat_texel", (0, 1)) if w and xt else ("mul_mat", ())
         views = [w, xt, y] if texels else [piece.view, x, y]
-        for align, tail, row, step in row_classes(weight, piece.rows, cfg):
-            spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, int(cfg.xbcast), align, tail,
-                    int(cfg.rolled_slots), rl)
-            pipe = ctx.pipeline(shader, 3, 28, spec, texels)
-            push = struct.pack("<7I", piece.rows, weight.cols, n, piece.first_row, weight.rows, row, step)
-            groups_x = -(-(-(-(piece.rows - row) // step)) // (cfg.rows_per_group * rl))
-            # pieces and classes write disjoint rows of y: only the first waits for earlier work
-            graph.dispatch(pipe, views, (groups_x, groups_y), push, barrier=first,
-                           label=f"mul_mat/{weight.ttype.name}")
-            first = False
+        spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, int(cfg.xbcast), tail,
+                int(cfg.rolled_slots), rl)
+        pipe = ctx.pipeline(shader, 3, 24, spec, texels)
+        push = struct.pack("<6I", piece.rows, weight.cols, n, piece.first_row, weight.rows, weight.stride)
+        groups_x = -(-piece.rows // (cfg.rows_per_group * rl))
+        # pieces write disjoint rows of y: only the first waits for earlier work
+        graph.dispatch(pipe, views, (groups_x, groups_y), push, barrier=piece is weight.pieces[0],
+                       label=f"mul_mat/{weight.ttype.name}")

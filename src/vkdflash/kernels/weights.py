@@ -1,4 +1,6 @@
-"""Weight tensors on the device, in ggml's raw block layout (exactly the bytes of the GGUF file).
+"""Weight tensors on the device, in ggml's raw block layout (exactly the bytes of the GGUF file),
+each row padded to a multiple of 16 bytes: matmul then reads every row with the same 16-byte
+loads, one dispatch a matrix (unpadded q4_1 rows of 576 values start at two offsets mod 16).
 
 A tensor larger than the device's storage-buffer range (128 MiB on lavapipe) is bound in row
 pieces; kernels dispatch once per piece with the piece's view and its first row."""
@@ -35,20 +37,20 @@ class Weight:
             raise VkdflashError(f"{name}: {t.name} needs cols to be a multiple of {max(32, t.qk)}, got {cols}")
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         self.ctx, self.ttype, self.rows, self.cols, self.name = ctx, t, rows, cols, name
-        self.row_bytes = t.row_bytes(cols)
-        self.nbytes = rows * self.row_bytes
-        if raw.nbytes != self.nbytes:
+        self.row_bytes = t.row_bytes(cols)  # in the GGUF file
+        if raw.nbytes != rows * self.row_bytes:
             raise VkdflashError(f"{name}: {raw.nbytes} bytes given, a {t.name} tensor of "
-                                f"{rows}x{cols} needs {self.nbytes}")
-        # 16 bytes of padding: matmul reads whole 16-byte words, which may run past the end of
-        # a row; every view is rounded up to a multiple of 16 (within the device's limit)
-        self.buffer = ctx.buffer(self.nbytes + 16)
+                                f"{rows}x{cols} needs {rows * self.row_bytes}")
+        self.stride = -(-self.row_bytes // 16) * 16  # on the device
+        self.nbytes = rows * self.stride
+        if self.stride != self.row_bytes:
+            padded = np.zeros((rows, self.stride), np.uint8)
+            padded[:, :self.row_bytes] = raw.reshape(rows, self.row_bytes)
+            raw = padded
+        self.buffer = ctx.buffer(self.nbytes)
         self.buffer.write(raw)
-        self.buffer.write(np.zeros(16, np.uint8), self.nbytes)
-        limit = ctx.features.max_storage_buffer_range
-        self.pieces = [Piece(r, n, self.buffer.view(r * self.row_bytes,
-                                                    min(-(-n * self.row_bytes // 16) * 16, limit)))
-                       for r, n in pieces(ctx, rows, self.row_bytes)]
+        self.pieces = [Piece(r, n, self.buffer.view(r * self.stride, n * self.stride))
+                       for r, n in pieces(ctx, rows, self.stride)]
 
     @classmethod
     def from_float(cls, ctx, array: np.ndarray, ttype, name: str = "weight") -> "Weight":
@@ -64,7 +66,8 @@ class Weight:
 
     def dequantize(self) -> np.ndarray:
         """The values the kernels compute with, as float32 (rows, cols) (reads the device copy)."""
-        return dequantize(self.buffer.read(np.uint8, self.nbytes), self.ttype, self.cols)
+        rows = self.buffer.read(np.uint8, self.nbytes).reshape(self.rows, self.stride)
+        return dequantize(rows[:, :self.row_bytes], self.ttype, self.cols)
 
     def __repr__(self) -> str:
         return f"Weight({self.name}, {self.ttype.name}, {self.rows}x{self.cols}, {len(self.pieces)} piece(s))"
