@@ -16,8 +16,13 @@
 // offset in a window of 16-byte loads; TAIL blocks (cols/QK mod G) end the row.
 // TEXEL variant: W and X are uniform texel buffers; lavapipe turns a texel fetch into a
 // straight-line gather, where a storage-buffer load is a loop over the lanes (2-4x faster).
+// GLU variants: y = silu(W x) * (U x), U (binding 3) the up projection of the same type and
+// shape as W (gate); R rows a lane are R/2 gate rows and the same R/2 rows of U, so the FFN's
+// gate, up and swiglu are one dispatch.
 //! variant mul_mat
 //! variant mul_mat_texel TEXEL=1
+//! variant mul_mat_glu GLU=1
+//! variant mul_mat_texel_glu TEXEL=1 GLU=1
 #extension GL_KHR_shader_subgroup_shuffle : enable
 #include "common.glsl"
 #include "types.glsl"
@@ -31,6 +36,7 @@ layout(constant_id = 6) const uint TAIL = 0u;    // WIDE: blocks per row mod G
 layout(constant_id = 7) const uint JROLL = 0u;   // 1: a rolled loop over the NJ slots (compiles
                                                  // ~60x faster on LLVM without XBCAST, runs slower)
 layout(constant_id = 8) const uint R = 1u;       // weight rows per lane (WIDE, 32-value blocks)
+layout(constant_id = 9) const uint ACC = 0u;     // 1: y += W x (a residual add without a dispatch)
 
 #ifdef TEXEL
 layout(binding = 0) uniform usamplerBuffer w_tex;  // u32x4 texels (wide path), else u32
@@ -38,6 +44,10 @@ layout(binding = 1) uniform samplerBuffer x_tex;
 uint w32(uint i) { return texelFetch(w_tex, int(i)).x; }
 uvec4 w128(uint i) { return texelFetch(w_tex, int(i)); }
 vec4 x4(uint i) { return texelFetch(x_tex, int(i)); }
+#ifdef GLU
+layout(binding = 3) uniform usamplerBuffer u_tex;
+uvec4 u128(uint i) { return texelFetch(u_tex, int(i)); }
+#endif
 #else
 layout(binding = 0) readonly buffer W { uint w32_[]; };
 layout(binding = 0) readonly buffer W4 { uvec4 w128_[]; };
@@ -45,8 +55,18 @@ layout(binding = 1) readonly buffer X { vec4 x4_[]; };
 uint w32(uint i) { return w32_[i]; }
 uvec4 w128(uint i) { return w128_[i]; }
 vec4 x4(uint i) { return x4_[i]; }
+#ifdef GLU
+layout(binding = 3) readonly buffer U4 { uvec4 u128_[]; };
+uvec4 u128(uint i) { return u128_[i]; }
 #endif
-layout(binding = 2) writeonly buffer Y { float y[]; };
+#endif
+#ifdef GLU
+const bool GLU_ON = true;
+#else
+const bool GLU_ON = false;
+uvec4 u128(uint i) { return uvec4(0u); }
+#endif
+layout(binding = 2) buffer Y { float y[]; };
 layout(push_constant) uniform Push {
     uint rows;      // weight rows in this piece
     uint cols;
@@ -95,11 +115,11 @@ void load_block(uint off) {
     [[unroll]] for (uint k = 0u; k < (BB + 5u) / 4u; k++) a[k] = w32(min(base + k, last));
 }
 
-// wide path: `nb` blocks starting at 16-byte word `base`
-void load_group(uint base, uint nb) {
+// wide path: `nb` blocks starting at 16-byte word `base` of W (of U when `up`)
+void load_group(uint base, uint nb, bool up) {
     odd = false;
     [[unroll]] for (uint k = 0u; k < (nb * BB + 15u) / 16u; k++) {
-        uvec4 v = w128(base + k);
+        uvec4 v = up ? u128(base + k) : w128(base + k);
         a[4u * k] = v.x; a[4u * k + 1u] = v.y; a[4u * k + 2u] = v.z; a[4u * k + 3u] = v.w;
     }
 }
@@ -220,7 +240,8 @@ void load_x(uint base, out vec4 xs[8]) {
 }
 
 const bool WIDE_R = WIDE_ON && QK == 32u && JROLL == 0u;
-const uint RL = WIDE_R ? R : 1u;       // rows per lane actually used
+const uint RL = WIDE_R ? R : 1u;       // rows per lane actually used (GLU: needs WIDE_R, R even)
+const uint RO = GLU_ON ? RL / 2u : RL;  // output rows per lane; row i >= RO reads U's row i - RO
 const uint CPG = G * QK / 32u;         // 32-value chunks per group of blocks
 uint win[RL][NW];                      // each row's loaded group (a[] holds the one in use)
 
@@ -274,7 +295,7 @@ void main() {
     uint nblk = p.cols / QK, xrow = p.cols / 4u;
     uint r[RL], row_off[RL];
     [[unroll]] for (uint i = 0u; i < RL; i++) {
-        r[i] = (gl_WorkGroupID.x * RL + i) * RPG + lane / SPLIT;
+        r[i] = (gl_WorkGroupID.x * RO + i % RO) * RPG + lane / SPLIT;
         // dead lanes read a real row and store nothing
         row_off[i] = min(r[i], p.rows - 1u) * p.stride;
     }
@@ -291,7 +312,7 @@ void main() {
     for (uint g = part; g < ng; g += SPLIT) {
         [[unroll]] for (uint i = 0u; i < RL; i++) {
             if (WIDE_ON) {
-                load_group(row_off[i] / 16u + g * (G * BB / 16u), G);
+                load_group(row_off[i] / 16u + g * (G * BB / 16u), G, i >= RO);
             } else if (PLAIN) {
                 uint base = (row_off[i] + g * BB) >> 2;  // plain rows are 4-byte aligned
                 [[unroll]] for (uint k = 0u; k < BB / 4u; k++) a[k] = w32(base + k);
@@ -304,7 +325,7 @@ void main() {
     }
     if (WIDE_ON && TAIL > 0u && part == ng % SPLIT) {
         [[unroll]] for (uint i = 0u; i < RL; i++) {
-            load_group(row_off[i] / 16u + ng * (G * BB / 16u), TAIL);
+            load_group(row_off[i] / 16u + ng * (G * BB / 16u), TAIL, i >= RO);
             win[i] = a;
         }
         chunks(0u, TAIL * QK / 32u, ng * G * QK / 4u, xj, acc);
@@ -315,11 +336,14 @@ void main() {
             [[unroll]] for (uint jj = 0u; jj < NJ; jj++)
                 for (uint m = 1u; m < SPLIT; m <<= 1) acc[i][jj] = acc[i][jj] + subgroupShuffleXor(acc[i][jj], m);
     }
-    [[unroll]] for (uint i = 0u; i < RL; i++) {
+    [[unroll]] for (uint i = 0u; i < RO; i++) {
         if (part == 0u && r[i] < p.rows) {
             [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
                 uint j = gl_WorkGroupID.y * NJ + jj;
-                if (j < p.n) y[j * p.y_stride + p.row0 + r[i]] = acc[i][jj];
+                uint at = j * p.y_stride + p.row0 + r[i];
+                // silu(g) * u spelled as elementwise.comp's swiglu, so the bits match it
+                float g = acc[i][jj], v = GLU_ON ? g / (1.0 + exp(-g)) * acc[GLU_ON ? i + RO : i][jj] : g;
+                if (j < p.n) y[at] = ACC != 0u ? y[at] + v : v;
             }
         }
     }

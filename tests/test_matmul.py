@@ -198,3 +198,58 @@ def test_texel_and_storage_paths_agree_bitwise(ctx, tname, monkeypatch):
     (fast, fast_shaders), (slow, slow_shaders) = outs
     assert fast_shaders == {"mul_mat_texel"} and slow_shaders == {"mul_mat"}
     assert np.array_equal(fast.view(np.uint32), slow.view(np.uint32))
+
+
+@pytest.mark.parametrize("n", [1, 6])
+def test_accumulate_is_matmul_then_add_bitwise(ctx, n):
+    """wo and down add into the residual stream inside matmul: the bits must be those of the
+    product followed by the add kernel, or greedy output would change."""
+    from vkdflash.kernels.elementwise import add
+    rows, cols = 40, 256
+    r = np.random.default_rng(6)
+    w = Weight(ctx, "q4_1", rows, cols, ref.random_blocks(r, "q4_1", rows, cols))
+    x = r.uniform(-1, 1, (n, cols)).astype(np.float32)
+    y0 = r.uniform(-1, 1, (n, rows)).astype(np.float32)
+    xb, fused, split, prod = ctx.upload(x), ctx.upload(y0), ctx.upload(y0), ctx.buffer(y0.nbytes)
+    g = Graph(ctx)
+    matmul(g, w, xb, fused, n, accumulate=True)
+    matmul(g, w, xb, prod, n)
+    add(g, split, prod, split, n * rows)
+    g.run()
+    got, want = fused.read(np.float32), split.read(np.float32)
+    assert not np.array_equal(got, y0.reshape(-1))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    for b in (g, w, xb, fused, split, prod):
+        b.destroy()
+
+
+@pytest.mark.parametrize("tname, fused", [("q4_1", True), ("q8_0", True), ("q6_k", False)])
+def test_glu_is_two_matmuls_and_swiglu_bitwise(ctx, tname, fused):
+    """The fused gate/up/swiglu dispatch gives the bits of the three separate kernels, for the
+    1-row and the batched kernel shapes, so the FFN stays batch invariant."""
+    from vkdflash.kernels.elementwise import swiglu
+    from vkdflash.kernels.matmul import glu
+    rows, cols, n = 72, 512, 6
+    r = np.random.default_rng(7)
+    raws = [ref.random_blocks(r, tname, rows, cols) for _ in "gu"]
+    gate, up = (Weight(ctx, tname, rows, cols, raw) for raw in raws)
+    x = r.uniform(-2, 2, (n, cols)).astype(np.float32)
+    xb, scratch = ctx.upload(x), ctx.buffer(n * rows * 4)
+    outs = [ctx.buffer(n * rows * 4) for _ in range(4)]
+    g = Graph(ctx)
+    glu(g, gate, up, xb, outs[0], n, scratch)
+    for i in range(n):  # one row at a time: the n = 1 kernel shape
+        row = lambda b, k: b.view(i * k * 4, k * 4)  # noqa: E731
+        glu(g, gate, up, row(xb, cols), row(outs[1], rows), 1, row(scratch, rows))
+    matmul(g, gate, xb, outs[2], n)
+    matmul(g, up, xb, outs[3], n)
+    swiglu(g, outs[2], outs[3], outs[2], n * rows)
+    shaders = [d.pipeline.shader for d in g._dispatches]
+    g.run()
+    batched, single, want = (b.read(np.float32).view(np.uint32) for b in outs[:3])
+    assert np.array_equal(batched, want) and np.array_equal(single, want)
+    assert any(s.endswith("_glu") for s in shaders) == fused
+    hg, hu = (ref.matmul(x, ref.dequantize(raw, tname, cols)).astype(np.float64) for raw in raws)
+    assert np.allclose(want.view(np.float32).reshape(n, rows), hg / (1 + np.exp(-hg)) * hu, rtol=1e-3, atol=1e-3)
+    for b in (g, gate, up, xb, scratch, *outs):
+        b.destroy()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkdflash.api import (BlockBuffers, BlockShape, BlockWeights, DeviceStore, Graph, VkdflashError, Weight, add,
+from vkdflash.api import (BlockBuffers, BlockShape, BlockWeights, DeviceStore, Graph, VkdflashError, Weight,
                           argmax, copy, dequantize, get_rows, get_type, matmul, record_block, rms_norm, write_kv)
 
 MAX_ROWS = 64  # committed positions per commit graph (the kernels' batch-invariance range)
@@ -86,8 +86,7 @@ class HeadRunner:
         rms_norm(g, self.e, self.enorm, self.e, n, d, eps)
         rms_norm(g, h, self.hnorm, self.hn, n, d, eps)
         matmul(g, self.w_e, self.e, b.x, n)
-        matmul(g, self.w_h, self.hn, b.o, n)
-        add(g, b.x, b.o, b.x, n * d)
+        matmul(g, self.w_h, self.hn, b.x, n, accumulate=True)
 
     def _record_commit(self, n: int) -> Graph:
         """K/V of n committed positions only: nothing else of the block persists."""

@@ -4,31 +4,59 @@ Shapes: rows whose size is a multiple of 16 bytes, and "odd" rows of 3 blocks (1
 bytes) that Weights pads to a 16-byte stride and that end in a partial group (mul_mat.comp's
 tail); n = 1 (its own slot count), 7 (slots partly filled) and 64; a cols=4096 matvec.
 "other-path" cases flip the device's choice of texel or storage-buffer loads, so both load
-paths are checked on every device."""
+paths are checked on every device; "accumulate" cases add the product into y (the residual
+add wo and down do in place); "glu" cases are an FFN's silu(x gate^T) * (x up^T)."""
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from . import NMSE_MATMUL, Case, launch, rng, uniform
-from ..kernels.matmul import config_for, matmul
+from ..kernels.copy import copy
+from ..kernels.matmul import config_for, glu, matmul
 from ..kernels.types import WEIGHT_TYPES, get_type
 from ..kernels.weights import Weight
 from ..ref import quants as ref
 
 
-def _case(tname: str, rows: int, cols: int, n: int, slow: bool = False, other_path: bool = False) -> Case:
+def _case(tname: str, rows: int, cols: int, n: int, slow: bool = False, other_path: bool = False,
+          accumulate: bool = False) -> Case:
     def run(ctx):
-        r = rng("matmul", tname, rows, cols, n)
+        r = rng("matmul", tname, rows, cols, n, *(("acc",) if accumulate else ()))
         raw = ref.random_blocks(r, tname, rows, cols)
         x = uniform(r, n, cols)
+        y0 = uniform(r, n, rows) if accumulate else np.zeros((n, rows), np.float32)
         cfg = config_for(ctx.features)
         if other_path:
             cfg = dataclasses.replace(cfg, texel=not cfg.texel)
-        got = launch(ctx, n * rows * 4, lambda g, w, xb, out: matmul(g, w, xb, out, n, cfg),
-                     Weight(ctx, tname, rows, cols, raw), x)
-        return got.reshape(n, rows), ref.matmul(x, ref.dequantize(raw, tname, cols))
-    name = f"matmul/{'other-path/' if other_path else ''}{tname}/rows={rows},cols={cols},n={n}"
+
+        def record(g, w, xb, y0b, out):
+            if accumulate:
+                copy(g, y0b, out, y0.nbytes)
+            matmul(g, w, xb, out, n, cfg, accumulate=accumulate)
+        got = launch(ctx, n * rows * 4, record, Weight(ctx, tname, rows, cols, raw), x, y0)
+        return got.reshape(n, rows), y0 + ref.matmul(x, ref.dequantize(raw, tname, cols))
+    kind = "other-path/" if other_path else "accumulate/" if accumulate else ""
+    name = f"matmul/{kind}{tname}/rows={rows},cols={cols},n={n}"
     return Case(name, run, threshold=NMSE_MATMUL, slow=slow)
+
+
+def _glu_case(tname: str, rows: int, cols: int, n: int) -> Case:
+    def run(ctx):
+        r = rng("matmul-glu", tname, rows, cols, n)
+        raws = [ref.random_blocks(r, tname, rows, cols) for _ in "gu"]
+        x = uniform(r, n, cols)
+        gate, up = (Weight(ctx, tname, rows, cols, raw) for raw in raws)
+        scratch = ctx.buffer(n * rows * 4)
+        try:
+            got = launch(ctx, n * rows * 4, lambda gr, xb, out: glu(gr, gate, up, xb, out, n, scratch), x)
+        finally:
+            for b in (gate, up, scratch):
+                b.destroy()
+        hg, hu = (ref.matmul(x, ref.dequantize(raw, tname, cols)).astype(np.float64) for raw in raws)
+        return got.reshape(n, rows), (hg / (1.0 + np.exp(-hg)) * hu).astype(np.float32)
+    return Case(f"matmul/glu/{tname}/rows={rows},cols={cols},n={n}", run, threshold=NMSE_MATMUL)
 
 
 def cases():
@@ -40,4 +68,9 @@ def cases():
                 _case(tname, 19, 512, 64), _case(tname, 64, 4096, 1)]
         out.append(_case(tname, 512, 4096, 64, slow=True))
         out.append(_case(tname, 3, narrow, 7, other_path=True))
+        out.append(_case(tname, 12, narrow, 3, accumulate=True))
+    out.append(_case("q4_1", 36, 512, 1, accumulate=True))
+    # gate/up/swiglu in one dispatch (types with 32-value blocks; others fall back to 3 kernels)
+    out += [_glu_case(t, 20, 256, 3) for t in WEIGHT_TYPES if get_type(t).qk <= 32]
+    out.append(_glu_case("q4_1", 36, 512, 1))
     return out

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ..errors import VkdflashError
 from ..runtime.memory import as_view, prefers_texel_loads, texel_view
+from .elementwise import swiglu
 from .weights import Weight
 
 
@@ -72,38 +73,71 @@ def _check_view(view, nbytes: int, what: str):
     return view
 
 
-def matmul(graph, weight: Weight, x_view, y_view, n: int, config: MatmulConfig | None = None) -> None:
-    """Record y[n, weight.rows] = x[n, weight.cols] @ W^T (row-major f32 views) into `graph`."""
+def matmul(graph, weight: Weight, x_view, y_view, n: int, config: MatmulConfig | None = None,
+           accumulate: bool = False) -> None:
+    """Record y[n, weight.rows] = x[n, weight.cols] @ W^T (row-major f32 views) into `graph`;
+    with `accumulate`, y += x @ W^T (bit-identical to a separate add of the product)."""
+    cfg = config or config_for(graph.ctx.features)
+    x, y = _check(weight, x_view, y_view, n)
+    for piece in weight.pieces:
+        # pieces write disjoint rows of y: only the first waits for earlier work
+        _dispatch(graph, weight, piece, None, x, y, int(n), cfg, accumulate, rows_per_lane(weight, n, cfg))
+
+
+def glu(graph, gate: Weight, up: Weight, x_view, y_view, n: int, up_scratch, config: MatmulConfig | None = None) -> None:
+    """Record y = silu(x @ gate^T) * (x @ up^T), an FFN's input half: one fused dispatch where
+    the kernel shape allows (same type and shape, one piece each, an even number of rows a
+    lane), else two matmuls (up into `up_scratch`) and swiglu. Same bits either way."""
+    cfg = config or config_for(graph.ctx.features)
+    x, y = _check(gate, x_view, y_view, n)
+    rl = rows_per_lane(gate, n, cfg)
+    same = (gate.ttype, gate.rows, gate.cols, gate.stride) == (up.ttype, up.rows, up.cols, up.stride)
+    if same and rl % 2 == 0 and len(gate.pieces) == len(up.pieces) == 1:
+        _dispatch(graph, gate, gate.pieces[0], up.pieces[0], x, y, int(n), cfg, False, rl)
+        return
+    matmul(graph, gate, x, y, n, cfg)
+    matmul(graph, up, x, up_scratch, n, cfg)
+    swiglu(graph, y, up_scratch, y, n * gate.rows)
+
+
+def _check(weight: Weight, x_view, y_view, n: int):
     n = int(n)
     if n < 1:
         raise VkdflashError(f"matmul: n must be >= 1, got {n}")
     if not weight.pieces:
         raise VkdflashError(f"matmul: {weight.name} was destroyed")
-    cfg = config or config_for(graph.ctx.features)
     x = _check_view(x_view, n * weight.cols * 4, f"x ({n}x{weight.cols} f32)")
     y = _check_view(y_view, n * weight.rows * 4, f"y ({n}x{weight.rows} f32)")
     if x.offset % 16:
         raise VkdflashError(f"matmul: x view offset {x.offset} is not 16-byte aligned")
+    return x, y
+
+
+def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulConfig, accumulate: bool,
+              rl: int) -> None:
+    """One mul_mat dispatch over one piece of `weight` (GLU when `up_piece` is given)."""
     nj = nj_for(n, cfg)
     groups_y = -(-n // nj)
     if groups_y > 65535:
         raise VkdflashError(f"matmul: n={n} needs more than 65535 workgroups; split the batch")
-    rl = rows_per_lane(weight, n, cfg)
     wide = int(cfg.wide and weight.ttype.name in WIDE_GROUP)
     # wide path: the blocks after the last whole group of WIDE_GROUP
     tail = weight.cols // max(32, weight.ttype.qk) % WIDE_GROUP[weight.ttype.name] if wide else 0
     ctx = graph.ctx
-    for piece in weight.pieces:
-        w, xt = piece.view, None
-        if cfg.texel:
-            w, xt = texel_view(ctx, piece.view, "u32x4" if wide else "u32"), texel_view(ctx, x, "f32x4")
-        shader, texels = ("mul_mat_texel", (0, 1)) if w and xt else ("mul_mat", ())
-        views = [w, xt, y] if texels else [piece.view, x, y]
-        spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, int(cfg.xbcast), tail,
-                int(cfg.rolled_slots), rl)
-        pipe = ctx.pipeline(shader, 3, 24, spec, texels)
-        push = struct.pack("<6I", piece.rows, weight.cols, n, piece.first_row, weight.rows, weight.stride)
-        groups_x = -(-piece.rows // (cfg.rows_per_group * rl))
-        # pieces write disjoint rows of y: only the first waits for earlier work
-        graph.dispatch(pipe, views, (groups_x, groups_y), push, barrier=piece is weight.pieces[0],
-                       label=f"mul_mat/{weight.ttype.name}")
+    # bindings: W, x, y, then U for GLU; texel views where the device can bind them all
+    bound = [piece.view, x, y] + ([up_piece.view] if up_piece else [])
+    texels = (0, 1, 3) if up_piece else (0, 1)
+    tex = {i: texel_view(ctx, bound[i], "f32x4" if i == 1 else "u32x4" if wide else "u32") for i in texels} \
+        if cfg.texel else {}
+    texel = bool(tex) and all(tex.values())
+    if texel:
+        bound = [tex.get(i, v) for i, v in enumerate(bound)]
+    shader = "mul_mat" + ("_texel" if texel else "") + ("_glu" if up_piece else "")
+    texels = texels if texel else ()
+    spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, int(cfg.xbcast), tail,
+            int(cfg.rolled_slots), rl, int(accumulate))
+    pipe = ctx.pipeline(shader, len(bound), 24, spec, texels)
+    push = struct.pack("<6I", piece.rows, weight.cols, n, piece.first_row, weight.rows, weight.stride)
+    rows_out = rl // 2 if up_piece else rl
+    graph.dispatch(pipe, bound, (-(-piece.rows // (cfg.rows_per_group * rows_out)), groups_y), push,
+                   barrier=piece is weight.pieces[0], label=f"mul_mat{'_glu' if up_piece else ''}/{weight.ttype.name}")

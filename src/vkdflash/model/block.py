@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kernels.elementwise import add, swiglu
-from ..kernels.matmul import matmul
+from ..kernels.elementwise import add
+from ..kernels.matmul import glu, matmul
 from ..kernels.norm import rms_norm
 from ..kernels.rope import rope
 
@@ -66,7 +66,6 @@ class BlockBuffers:
     k: object
     v: object
     att: object
-    o: object
     gate: object
     up: object
 
@@ -75,7 +74,7 @@ class BlockBuffers:
         """buffer(nbytes) allocates (e.g. DeviceStore.buffer, freed with the store)."""
         d, q, kv = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
         f32 = lambda n: buffer(4 * rows * n)  # noqa: E731
-        return cls(f32(d), f32(d), f32(q), f32(kv), f32(kv), f32(q), f32(d), f32(s.n_ff), f32(s.n_ff))
+        return cls(f32(d), f32(d), f32(q), f32(kv), f32(kv), f32(q), f32(s.n_ff), f32(s.n_ff))
 
 
 def project(g, w: BlockWeights, s: BlockShape, src, out, which: int, n: int, pos) -> None:
@@ -107,11 +106,7 @@ def record_block(g, w: BlockWeights, s: BlockShape, b: BlockBuffers, kv, layer: 
     project(g, w, s, b.xn, b.q, 0, n, pos)
     write_kv(g, w, s, b, kv, layer, b.xn, n, pos)
     kv.attend(g, layer, b.q, b.att, params, n, s.n_head, mask=mask)
-    matmul(g, w.wo, b.att, b.o, n)
-    add(g, b.x, b.o, b.x, n * d)
+    matmul(g, w.wo, b.att, b.x, n, accumulate=True)
     rms_norm(g, b.x, w.ffn_norm, b.xn, n, d, s.rms_eps)
-    matmul(g, w.gate, b.xn, b.gate, n)
-    matmul(g, w.up, b.xn, b.up, n)
-    swiglu(g, b.gate, b.up, b.gate, n * s.n_ff)
-    matmul(g, w.down, b.gate, b.o, n)
-    add(g, b.x, b.o, b.x, n * d)
+    glu(g, w.gate, w.up, b.xn, b.gate, n, b.up)
+    matmul(g, w.down, b.gate, b.x, n, accumulate=True)
