@@ -2,12 +2,16 @@
 // Include once per source buffer after defining
 //   DQ_BUF  the uint16_t[] array holding the blocks
 //   DQ_FN   the name to give the function
+// and optionally DQ_INDEX(i), the DQ_BUF index of the block's 16-bit word i (default base + i).
 // It defines: void DQ_FN(uint type, uint base, uint sub, out float v[32])
 //   base: index in DQ_BUF of the block's first 16-bit word; sub: which 32-value chunk
 //   of a 256-value K-quant block (0 for 32-value blocks).
 // Layouts follow ggml exactly (docs/design.md section 3; k-quants as in ggml-quants.c).
 
-#define DQ_W(i) uint(DQ_BUF[base + (i)])
+#ifndef DQ_INDEX
+#define DQ_INDEX(i) (base + (i))
+#endif
+#define DQ_W(i) uint(DQ_BUF[DQ_INDEX(i)])
 #define DQ_B(off) ((DQ_W((off) >> 1) >> (((off) & 1u) << 3)) & 0xFFu)
 
 // `precise`: no fma contraction, so values match gguf-py bit for bit on every device
@@ -106,4 +110,5 @@ void DQ_FN(uint type, uint base, uint sub, out precise float v[32]) {
 }
 
 #undef DQ_W
+#undef DQ_INDEX
 #undef DQ_B

@@ -13,7 +13,10 @@
 // subgroup and shuffling it (XBCAST) beats every lane loading the same x.
 // WIDE path: rows are stored 16-byte aligned (kernels/weights.py pads each row of the GGUF
 // layout to `stride` bytes), so every block of a group of G blocks sits at a compile-time
-// offset in a window of 16-byte loads; TAIL blocks (cols/QK mod G) end the row.
+// offset in a window of 16-byte loads; TAIL blocks (cols/QK mod G) end the row. Rows may be
+// interleaved in tiles of TILE rows (kernels/weights.py): 16-byte word k of row r is word
+// k * TILE + r % TILE of its tile, so the lanes of a SIMD vector, on consecutive rows, load
+// contiguous memory.
 // TEXEL variant: W and X are uniform texel buffers; lavapipe turns a texel fetch into a
 // straight-line gather, where a storage-buffer load is a loop over the lanes (2-4x faster).
 // GLU variants: y = silu(W x) * (U x), U (binding 3) the up projection of the same type and
@@ -37,6 +40,7 @@ layout(constant_id = 7) const uint JROLL = 0u;   // 1: a rolled loop over the NJ
                                                  // ~60x faster on LLVM without XBCAST, runs slower)
 layout(constant_id = 8) const uint R = 1u;       // weight rows per lane (WIDE, 32-value blocks)
 layout(constant_id = 9) const uint ACC = 0u;     // 1: y += W x (a residual add without a dispatch)
+layout(constant_id = 10) const uint TILE = 1u;   // rows per interleaved tile of W (and U)
 
 #ifdef TEXEL
 layout(binding = 0) uniform usamplerBuffer w_tex;  // u32x4 texels (wide path), else u32
@@ -108,18 +112,21 @@ uint at16(uint b) {
 }
 uint at8(uint b) { return (at16(b & ~1u) >> ((b & 1u) * 8u)) & 0xFFu; }
 
-// narrow path: one block at any 2-byte-aligned offset, 4 bytes a load
-void load_block(uint off) {
+// 32-bit word k of the row whose first 16-byte word is `row16`
+uint word32(uint row16, uint k) { return (row16 + (k >> 2) * TILE) * 4u + (k & 3u); }
+
+// narrow path: one block at any 2-byte-aligned byte offset `off` of the row, 4 bytes a load
+void load_block(uint row16, uint off) {
     uint base = off >> 2, last = (off + BB - 1u) >> 2;
     odd = (off & 2u) != 0u;
-    [[unroll]] for (uint k = 0u; k < (BB + 5u) / 4u; k++) a[k] = w32(min(base + k, last));
+    [[unroll]] for (uint k = 0u; k < (BB + 5u) / 4u; k++) a[k] = w32(word32(row16, min(base + k, last)));
 }
 
-// wide path: `nb` blocks starting at 16-byte word `base` of W (of U when `up`)
+// wide path: `nb` blocks starting at 16-byte word `base` of W (of U when `up`), TILE words apart
 void load_group(uint base, uint nb, bool up) {
     odd = false;
     [[unroll]] for (uint k = 0u; k < (nb * BB + 15u) / 16u; k++) {
-        uvec4 v = up ? u128(base + k) : w128(base + k);
+        uvec4 v = up ? u128(base + k * TILE) : w128(base + k * TILE);
         a[4u * k] = v.x; a[4u * k + 1u] = v.y; a[4u * k + 2u] = v.z; a[4u * k + 3u] = v.w;
     }
 }
@@ -293,11 +300,12 @@ void main() {
     const uint RPG = gl_WorkGroupSize.x / SPLIT;  // row slots per workgroup
     uint lane = gl_LocalInvocationID.x, part = lane % SPLIT;
     uint nblk = p.cols / QK, xrow = p.cols / 4u;
-    uint r[RL], row_off[RL];
+    uint r[RL], row16[RL];  // row16: the row's first 16-byte word
     [[unroll]] for (uint i = 0u; i < RL; i++) {
         r[i] = (gl_WorkGroupID.x * RO + i % RO) * RPG + lane / SPLIT;
         // dead lanes read a real row and store nothing
-        row_off[i] = min(r[i], p.rows - 1u) * p.stride;
+        uint rr = min(r[i], p.rows - 1u);
+        row16[i] = rr / TILE * TILE * (p.stride / 16u) + rr % TILE;
     }
     // activation rows past n repeat row n-1: computed, never stored (no branches: every lane
     // must reach the shuffles, and SIMD CPUs would run a skipped branch anyway)
@@ -312,12 +320,12 @@ void main() {
     for (uint g = part; g < ng; g += SPLIT) {
         [[unroll]] for (uint i = 0u; i < RL; i++) {
             if (WIDE_ON) {
-                load_group(row_off[i] / 16u + g * (G * BB / 16u), G, i >= RO);
+                load_group(row16[i] + g * (G * BB / 16u) * TILE, G, i >= RO);
             } else if (PLAIN) {
-                uint base = (row_off[i] + g * BB) >> 2;  // plain rows are 4-byte aligned
-                [[unroll]] for (uint k = 0u; k < BB / 4u; k++) a[k] = w32(base + k);
+                uint base = g * BB / 4u;  // plain rows are 4-byte aligned
+                [[unroll]] for (uint k = 0u; k < BB / 4u; k++) a[k] = w32(word32(row16[i], base + k));
             } else {
-                load_block(row_off[i] + g * BB);
+                load_block(row16[i], g * BB);
             }
             win[i] = a;
         }
@@ -325,7 +333,7 @@ void main() {
     }
     if (WIDE_ON && TAIL > 0u && part == ng % SPLIT) {
         [[unroll]] for (uint i = 0u; i < RL; i++) {
-            load_group(row_off[i] / 16u + ng * (G * BB / 16u), TAIL, i >= RO);
+            load_group(row16[i] + ng * (G * BB / 16u) * TILE, TAIL, i >= RO);
             win[i] = a;
         }
         chunks(0u, TAIL * QK / 32u, ng * G * QK / 4u, xj, acc);

@@ -92,6 +92,37 @@ def test_other_shapes_invariant(ctx, config, tname):
     assert np.sum((got1 - want) ** 2) / np.sum(want ** 2) < 5e-4
 
 
+@pytest.mark.parametrize("tname", ["q4_1", "q8_0", "q6_k", "f16"])
+def test_row_tiles_are_invisible(ctx, tname):
+    """The interleaved layout (kernels/weights.py) changes no bit of mul_mat or get_rows, on the
+    wide, narrow (q6_k) and storage paths, with a row count that leaves a partial tile."""
+    rows, cols = 37, 256
+    r = np.random.default_rng(11)
+    raw = ref.random_blocks(r, tname, rows, cols)
+    x = r.uniform(-1, 1, (5, cols)).astype(np.float32)
+    ids = np.array([0, 36, 9, 17, 8], np.uint32)
+    configs = [None, dataclasses.replace(config_for(ctx.features), texel=False)]
+    outs = {}
+    for tile in (1, 8):
+        w = Weight(ctx, tname, rows, cols, raw, tile=tile)
+        xb, ib = ctx.upload(x), ctx.upload(ids)
+        ys = [ctx.buffer(n * rows * 4) for n in (1, 5) for _ in configs]
+        e = ctx.buffer(5 * cols * 4)
+        g = Graph(ctx)
+        for k, (n, cfg) in enumerate((n, cfg) for n in (1, 5) for cfg in configs):
+            matmul(g, w, xb, ys[k], n, cfg)
+        get_rows(g, w, ib, e, 5)
+        g.run()
+        outs[tile] = [y.read(np.uint32) for y in ys] + [e.read(np.uint32)]
+        for b in ys + [e, xb, ib]:
+            b.destroy()
+        g.destroy(), w.destroy()
+    for a, b in zip(outs[1], outs[8]):
+        assert np.array_equal(a, b)
+    deq = ref.dequantize(raw, tname, cols)
+    assert np.array_equal(outs[8][-1].view(np.float32).reshape(5, cols), deq[ids])
+
+
 def test_default_config(ctx):
     cfg = config_for(ctx.features)
     assert cfg.workgroup % cfg.split == 0 and cfg.split <= ctx.features.subgroup_size

@@ -14,16 +14,27 @@ from vkdflash.ref import quants as ref
 def test_raw_bytes_round_trip(ctx, tname):
     rows, cols = 5, 512
     raw = ref.random_blocks(np.random.default_rng(1), tname, rows, cols)
-    w = Weight(ctx, tname, rows, cols, raw)
-    assert (w.rows, w.cols, w.ttype.name) == (rows, cols, tname)
-    assert w.row_bytes == get_type(tname).row_bytes(cols) and w.nbytes == rows * w.stride
-    assert w.stride % 16 == 0 and w.stride - w.row_bytes < 16
-    stored = w.buffer.read(np.uint8, w.nbytes).reshape(rows, w.stride)
-    assert np.array_equal(stored[:, :w.row_bytes], raw.reshape(rows, -1))
-    assert not stored[:, w.row_bytes:].any()
-    assert np.array_equal(w.dequantize(), ref.dequantize(raw, tname, cols))
-    assert len(w.pieces) == 1 and w.pieces[0].rows == rows
-    w.destroy()
+    for tile in (1, 4, None):
+        w = Weight(ctx, tname, rows, cols, raw, tile=tile)
+        assert (w.rows, w.cols, w.ttype.name) == (rows, cols, tname)
+        assert tile is None or w.tile == tile
+        padded = -(-rows // w.tile) * w.tile
+        assert w.row_bytes == get_type(tname).row_bytes(cols) and w.nbytes == padded * w.stride
+        assert w.stride % 16 == 0 and w.stride - w.row_bytes < 16
+        stored = w.buffer.read(np.uint8, w.nbytes).reshape(-1, 16)
+        # the documented layout: 16-byte word k of row r is slot k * tile + r % tile of tile r // tile
+        words = w.stride // 16
+        for r in range(padded):
+            row = np.concatenate([stored[(r // w.tile) * w.tile * words + k * w.tile + r % w.tile]
+                                  for k in range(words)])
+            if r < rows:
+                assert np.array_equal(row[:w.row_bytes], raw.reshape(rows, -1)[r])
+                assert not row[w.row_bytes:].any()
+            else:
+                assert not row.any()
+        assert np.array_equal(w.dequantize(), ref.dequantize(raw, tname, cols))
+        assert len(w.pieces) == 1 and w.pieces[0].rows == rows
+        w.destroy()
 
 
 @pytest.mark.parametrize("tname", ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
@@ -55,7 +66,7 @@ def test_pieces_cover_rows(ctx, monkeypatch):
     align = ctx.features.min_storage_buffer_offset_alignment
     for p in w.pieces:
         assert p.view.offset == p.first_row * w.stride and p.view.offset % align == 0
-        assert p.view.size == p.rows * w.stride <= 1000
+        assert p.view.size == -(-p.rows // w.tile) * w.tile * w.stride <= 1000  # whole tiles
     w.destroy()
 
 

@@ -26,7 +26,7 @@ def get_rows(graph, weight: Weight, ids_view, out_view, n: int) -> None:
     if out.size < 4 * n * weight.cols:
         raise VkdflashError(f"get_rows: out view holds {out.size} bytes, needs {4 * n * weight.cols} "
                             f"({n}x{weight.cols} f32)")
-    pipe = graph.ctx.pipeline("get_rows", 3, 20, (WORKGROUP, weight.ttype.id))
+    pipe = graph.ctx.pipeline("get_rows", 3, 20, (WORKGROUP, weight.ttype.id, weight.tile))
     groups = -(-(weight.cols // 32) // WORKGROUP)
     for i, piece in enumerate(weight.pieces):
         push = struct.pack("<5I", piece.first_row, piece.rows, weight.rows, weight.cols, weight.stride)

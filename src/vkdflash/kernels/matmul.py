@@ -91,7 +91,7 @@ def glu(graph, gate: Weight, up: Weight, x_view, y_view, n: int, up_scratch, con
     cfg = config or config_for(graph.ctx.features)
     x, y = _check(gate, x_view, y_view, n)
     rl = rows_per_lane(gate, n, cfg)
-    same = (gate.ttype, gate.rows, gate.cols, gate.stride) == (up.ttype, up.rows, up.cols, up.stride)
+    same = (gate.ttype, gate.rows, gate.cols, gate.stride, gate.tile) == (up.ttype, up.rows, up.cols, up.stride, up.tile)
     if same and rl % 2 == 0 and len(gate.pieces) == len(up.pieces) == 1:
         _dispatch(graph, gate, gate.pieces[0], up.pieces[0], x, y, int(n), cfg, False, rl)
         return
@@ -135,7 +135,7 @@ def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulC
     shader = "mul_mat" + ("_texel" if texel else "") + ("_glu" if up_piece else "")
     texels = texels if texel else ()
     spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, int(cfg.xbcast), tail,
-            int(cfg.rolled_slots), rl, int(accumulate))
+            int(cfg.rolled_slots), rl, int(accumulate), weight.tile)
     pipe = ctx.pipeline(shader, len(bound), 24, spec, texels)
     push = struct.pack("<6I", piece.rows, weight.cols, n, piece.first_row, weight.rows, weight.stride)
     rows_out = rl // 2 if up_piece else rl
