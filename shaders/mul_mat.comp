@@ -2,7 +2,7 @@
 // y[j, r] = sum_c W[r, c] * x[j, c]: ggml weight blocks (any weight type) times f32 activations.
 //
 // Batch invariance: each y[j, r] is summed in one fixed order that depends only on the row
-// (32-value chunks in column order, each chunk summed as a fixed tree), whatever n is, in
+// (32-value chunks in column order, each chunk as fixed fma/add chains), whatever n is, in
 // whichever activation slot and with whichever NJ or load path it is computed; `precise`
 // keeps the compiler from contracting some copies into fma and not others.
 // Shape: SPLIT lanes share a weight row (1: each lane walks its row alone, best on lavapipe),
@@ -141,65 +141,22 @@ vec4 bit4(uint h, uint e) {  // bit e..e+3 of h, each as 16.0 or 0.0
     return vec4(uvec4(h >> e, h >> (e + 1u), h >> (e + 2u), h >> (e + 3u)) & 1u) * 16.0;
 }
 
-// The 32 weights of chunk `sub` of the block at window byte `o`, dequantized as ggml does.
-// q8_0/q4_0/q5_0 leave out d (w holds the integers), applied once to the chunk's dot product
-const bool SCALED = TYPE == T_Q8_0 || TYPE == T_Q4_0 || TYPE == T_Q5_0;
-float dscale;
-void dequant_chunk(uint o, uint sub, out precise vec4 w[8]) {
+// Chunk `sub` of the block at window byte `o` as w = A * q + B: q the block's raw integers
+// (plain types and q6_k: the values themselves, A = 1, B = 0), so a chunk's dot product is
+// A * sum(q x) + B * sum(x): two operations a weight fewer than dequantizing each value, and
+// sum(x) is shared by every row of the lane (llama.cpp's q4_1 x q8_1 trick, in f32).
+const bool SCALED = !(TYPE == T_F32 || TYPE == T_F16 || TYPE == T_BF16 || TYPE == T_Q6_K);
+const bool OFFSET = TYPE == T_Q4_0 || TYPE == T_Q4_1 || TYPE == T_Q5_0 || TYPE == T_Q5_1 || TYPE == T_Q4_K;
+void chunk_scale(uint o, uint sub, out float A, out float B) {
+    A = 1.0; B = 0.0;
     switch (TYPE) {
-    case T_F32:
-        [[unroll]] for (uint k = 0u; k < 8u; k++)
-            w[k] = uintBitsToFloat(uvec4(a[o / 4u + 4u * k], a[o / 4u + 4u * k + 1u], a[o / 4u + 4u * k + 2u], a[o / 4u + 4u * k + 3u]));
-        break;
-    case T_F16:
-        [[unroll]] for (uint k = 0u; k < 8u; k++)
-            w[k] = vec4(unpackHalf2x16(a[o / 4u + 2u * k]), unpackHalf2x16(a[o / 4u + 2u * k + 1u]));
-        break;
-    case T_BF16:
-        [[unroll]] for (uint k = 0u; k < 8u; k++)
-            w[k] = uintBitsToFloat(uvec4(a[o / 4u + 2u * k] << 16, a[o / 4u + 2u * k] & 0xFFFF0000u,
-                                         a[o / 4u + 2u * k + 1u] << 16, a[o / 4u + 2u * k + 1u] & 0xFFFF0000u));
-        break;
-    case T_Q8_0: {
-        dscale = f16_to_f32(at16(o + 0u));
-        [[unroll]] for (uint k = 0u; k < 8u; k++) w[k] = i8x4(at32(o + 2u + 4u * k));
-        break;
-    }
-    case T_Q4_0: case T_Q4_1: {
-        float d = f16_to_f32(at16(o + 0u));
-        float m = TYPE == T_Q4_1 ? f16_to_f32(at16(o + 2u)) : 0.0;
-        uint qs = TYPE == T_Q4_1 ? 4u : 2u;
-        dscale = d;
-        [[unroll]] for (uint k = 0u; k < 4u; k++) {
-            uint q = at32(o + qs + 4u * k);
-            if (TYPE == T_Q4_1) {
-                w[k] = nib4(q, 0u) * d + m; w[k + 4u] = nib4(q, 4u) * d + m;
-            } else {
-                w[k] = nib4(q, 0u) - 8.0; w[k + 4u] = nib4(q, 4u) - 8.0;
-            }
-        }
-        break;
-    }
-    case T_Q5_0: case T_Q5_1: {
-        bool q51 = TYPE == T_Q5_1;
-        float d = f16_to_f32(at16(o + 0u));
-        float m = q51 ? f16_to_f32(at16(o + 2u)) : 0.0;
-        dscale = d;
-        uint h = q51 ? 4u : 2u;
-        uint qh = at32(o + h);
-        [[unroll]] for (uint k = 0u; k < 4u; k++) {
-            uint q = at32(o + h + 4u + 4u * k);
-            vec4 lo = nib4(q, 0u) + bit4(qh, 4u * k), hi = nib4(q, 4u) + bit4(qh, 16u + 4u * k);
-            if (q51) {
-                w[k] = lo * d + m; w[k + 4u] = hi * d + m;
-            } else {
-                w[k] = lo - 16.0; w[k + 4u] = hi - 16.0;
-            }
-        }
-        break;
-    }
+    case T_Q8_0:
+        A = f16_to_f32(at16(o)); break;
+    case T_Q4_0: case T_Q5_0:
+        A = f16_to_f32(at16(o)); B = (TYPE == T_Q4_0 ? -8.0 : -16.0) * A; break;
+    case T_Q4_1: case T_Q5_1:
+        A = f16_to_f32(at16(o)); B = f16_to_f32(at16(o + 2u)); break;
     case T_Q4_K: {
-        float d = f16_to_f32(at16(o + 0u)), dmin = f16_to_f32(at16(o + 2u));
         uint sc, mn;
         if (sub < 4u) {
             sc = at8(o + 4u + sub) & 63u; mn = at8(o + 8u + sub) & 63u;
@@ -207,33 +164,58 @@ void dequant_chunk(uint o, uint sub, out precise vec4 w[8]) {
             sc = (at8(o + 8u + sub) & 15u) | ((at8(o + sub) >> 6) << 4);
             mn = (at8(o + 8u + sub) >> 4) | ((at8(o + 4u + sub) >> 6) << 4);
         }
-        float dl = d * float(sc), ml = dmin * float(mn);
-        uint q0 = 16u + 32u * (sub >> 1), shift = (sub & 1u) * 4u;
-        [[unroll]] for (uint k = 0u; k < 8u; k++) w[k] = dl * nib4(at32(o + q0 + 4u * k), shift) - ml;
-        break;
-    }
-    case T_Q6_K: {
-        float d = f16_to_f32(at16(o + 208u));
-        uint half_ = sub >> 2, r = sub & 3u;
-        uint ql0 = 64u * half_ + (r & 1u) * 32u, qls = (r >> 1) * 4u;
-        uint qh0 = 128u + 32u * half_, qhs = 2u * r;
-        float s0 = d * float(int(at8(o + 192u + 2u * sub) << 24) >> 24);
-        float s1 = d * float(int(at8(o + 193u + 2u * sub) << 24) >> 24);
-        [[unroll]] for (uint k = 0u; k < 8u; k++) {
-            uint l = at32(o + ql0 + 4u * k), h = at32(o + qh0 + 4u * k);
-            vec4 q = nib4(l, qls) + 16.0 * vec4(uvec4(h >> qhs, h >> (qhs + 8u), h >> (qhs + 16u),
-                                                      h >> (qhs + 24u)) & 3u);
-            w[k] = (k < 4u ? s0 : s1) * (q - 32.0);
-        }
+        A = f16_to_f32(at16(o)) * float(sc); B = -(f16_to_f32(at16(o + 2u)) * float(mn));
         break;
     }
     }
 }
 
-// One step of a chunk's dot product: s += w . x over 4 values, as fma in column order. Every
-// path runs the same chain of 32 fused steps per chunk, so a result never depends on n or slot.
-void dot4(inout precise float s, vec4 w, vec4 x) {
-    s = fma(w.x, x.x, s); s = fma(w.y, x.y, s); s = fma(w.z, x.z, s); s = fma(w.w, x.w, s);
+// q of values 4k..4k+3 of the chunk (ggml's value order), k = 0..7
+vec4 chunk_q(uint o, uint sub, uint k) {
+    uint h = k >> 2, kk = k & 3u;  // q4/q5: low nibbles of the 16 bytes, then the high ones
+    switch (TYPE) {
+    case T_F32:
+        return uintBitsToFloat(uvec4(a[o / 4u + 4u * k], a[o / 4u + 4u * k + 1u], a[o / 4u + 4u * k + 2u], a[o / 4u + 4u * k + 3u]));
+    case T_F16:
+        return vec4(unpackHalf2x16(a[o / 4u + 2u * k]), unpackHalf2x16(a[o / 4u + 2u * k + 1u]));
+    case T_BF16:
+        return uintBitsToFloat(uvec4(a[o / 4u + 2u * k] << 16, a[o / 4u + 2u * k] & 0xFFFF0000u,
+                                     a[o / 4u + 2u * k + 1u] << 16, a[o / 4u + 2u * k + 1u] & 0xFFFF0000u));
+    case T_Q8_0:
+        return i8x4(at32(o + 2u + 4u * k));
+    case T_Q4_0: case T_Q4_1:
+        return nib4(at32(o + (TYPE == T_Q4_1 ? 4u : 2u) + 4u * kk), 4u * h);
+    case T_Q5_0: case T_Q5_1: {
+        uint qh0 = TYPE == T_Q5_1 ? 4u : 2u;
+        return nib4(at32(o + qh0 + 4u + 4u * kk), 4u * h) + bit4(at32(o + qh0), 16u * h + 4u * kk);
+    }
+    case T_Q4_K:
+        return nib4(at32(o + 16u + 32u * (sub >> 1) + 4u * k), (sub & 1u) * 4u);
+    case T_Q6_K: {
+        uint half_ = sub >> 2, r = sub & 3u;
+        uint l = at32(o + 64u * half_ + (r & 1u) * 32u + 4u * k), hb = at32(o + 128u + 32u * half_ + 4u * k);
+        uint qls = (r >> 1) * 4u, qhs = 2u * r;
+        vec4 q = nib4(l, qls) + 16.0 * vec4(uvec4(hb >> qhs, hb >> (qhs + 8u), hb >> (qhs + 16u), hb >> (qhs + 24u)) & 3u);
+        float sc = float(int(at8(o + 192u + 2u * sub + h) << 24) >> 24);
+        return f16_to_f32(at16(o + 208u)) * sc * (q - 32.0);
+    }
+    }
+    return vec4(0.0);
+}
+
+// One step of a chunk's dot product: s += q . x over 4 values, as fma in column order, and
+// t += the 4 x values. Every path runs the same chains of 32 steps per chunk and combines them
+// the same way, so a result never depends on n, the slot, NJ, R or the load path.
+void dot4(inout precise float s, vec4 q, vec4 x) {
+    s = fma(q.x, x.x, s); s = fma(q.y, x.y, s); s = fma(q.z, x.z, s); s = fma(q.w, x.w, s);
+}
+void sum4(inout precise float t, vec4 x) {
+    t = t + x.x; t = t + x.y; t = t + x.z; t = t + x.w;
+}
+// acc + the chunk's dot product A * s + B * t
+float combine(precise float acc, float A, float B, precise float s, precise float t) {
+    precise float c = OFFSET ? fma(A, s, B * t) : A * s;
+    return !SCALED ? acc + s : OFFSET ? acc + c : fma(A, s, acc);
 }
 
 // 32 activations starting at vec4 index `base`
@@ -256,42 +238,49 @@ uint win[RL][NW];                      // each row's loaded group (a[] holds the
 void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[RL][NJ]) {
     [[unroll]] for (uint c = c0; c < c0 + count; c++) {
         uint o = c / (QK / 32u) * BB, sub = c % (QK / 32u), xb = xb0 + c * 8u;
+        float A[RL], B[RL];
+        [[unroll]] for (uint i = 0u; i < RL; i++) {
+            a = win[i];
+            chunk_scale(o, sub, A[i], B[i]);
+        }
         if (JROLL != 0u) {
-            vec4 w[8];
-            dequant_chunk(o, sub, w);
+            vec4 q[8];
+            [[unroll]] for (uint k = 0u; k < 8u; k++) q[k] = chunk_q(o, sub, k);
             [[dont_unroll]] for (uint jj = 0u; jj < NJ; jj++) {
                 vec4 xs[8];
                 load_x(xj[jj] + xb, xs);
-                precise float s = 0.0;
-                [[unroll]] for (uint k = 0u; k < 8u; k++) dot4(s, w[k], xs[k]);
-                acc[0][jj] = SCALED ? fma(dscale, s, acc[0][jj]) : acc[0][jj] + s;
+                precise float s = 0.0, t = 0.0;
+                [[unroll]] for (uint k = 0u; k < 8u; k++) {
+                    dot4(s, q[k], xs[k]);
+                    if (OFFSET) sum4(t, xs[k]);
+                }
+                acc[0][jj] = combine(acc[0][jj], A[0], B[0], s, t);
             }
         } else {
-            // every row's chunk dequantized once, then the 32 steps of every (row, slot) chain
-            // interleaved 4 values at a time: few values live at once, no register spills
-            vec4 w[RL][8];
-            float d[RL];
-            [[unroll]] for (uint i = 0u; i < RL; i++) {
-                a = win[i];
-                dequant_chunk(o, sub, w[i]);
-                d[i] = dscale;
-            }
+            // 4 values of every row's chunk decoded at a time, then that step of every (row,
+            // slot) chain: few values live at once (lavapipe keeps each in a SIMD register)
             vec4 mine[NJ];
             if (XBCAST != 0u)
                 [[unroll]] for (uint jj = 0u; jj < NJ; jj++) mine[jj] = x4(xj[jj] + xb + (gl_SubgroupInvocationID & 7u));
-            precise float s[RL][NJ];
+            precise float s[RL][NJ], t[NJ];
             [[unroll]] for (uint k = 0u; k < 8u; k++) {
+                vec4 q[RL];
+                [[unroll]] for (uint i = 0u; i < RL; i++) {
+                    a = win[i];
+                    q[i] = chunk_q(o, sub, k);
+                }
                 [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
                     vec4 xk = XBCAST != 0u ? subgroupShuffle(mine[jj], k) : x4(xj[jj] + xb + k);
+                    if (k == 0u) t[jj] = 0.0;
+                    if (OFFSET) sum4(t[jj], xk);
                     [[unroll]] for (uint i = 0u; i < RL; i++) {
                         if (k == 0u) s[i][jj] = 0.0;
-                        dot4(s[i][jj], w[i][k], xk);
+                        dot4(s[i][jj], q[i], xk);
                     }
                 }
             }
             [[unroll]] for (uint i = 0u; i < RL; i++)
-                [[unroll]] for (uint jj = 0u; jj < NJ; jj++)
-                    acc[i][jj] = SCALED ? fma(d[i], s[i][jj], acc[i][jj]) : acc[i][jj] + s[i][jj];
+                [[unroll]] for (uint jj = 0u; jj < NJ; jj++) acc[i][jj] = combine(acc[i][jj], A[i], B[i], s[i][jj], t[jj]);
         }
     }
 }
