@@ -2,7 +2,8 @@
 // RoPE (ggml_rope, no YaRN): pair i < n_rot/2 of every head turns by pos * freq_i.
 // normal (ggml mode 0) pairs elements (2i, 2i+1); NEOX (mode 2) pairs (i, i + n_rot/2);
 // elements from n_rot on pass through. One lane per (token, pair), looping over heads so
-// each angle is computed once.
+// each angle is computed once: the heads of x, then those of x2 (a second tensor at the same
+// positions, e.g. K with Q: one dispatch instead of two).
 #include "common.glsl"
 
 layout(constant_id = 1) const bool NEOX = false;
@@ -11,7 +12,9 @@ layout(binding = 0) readonly buffer X { float x[]; };
 layout(binding = 1) readonly buffer Pos { int pos[]; };     // per token, rewritten between replays
 layout(binding = 2) readonly buffer Freq { uvec2 freq[]; }; // per pair: freq_i / 2pi, 0.64 fixed point (lo, hi)
 layout(binding = 3) writeonly buffer Y { float y[]; };
-layout(push_constant) uniform Push { uint n_tokens; uint n_heads; uint half_dim; uint half_rot; } p;
+layout(binding = 4) readonly buffer X2 { float x2[]; };
+layout(binding = 5) writeonly buffer Y2 { float y2[]; };
+layout(push_constant) uniform Push { uint n_tokens; uint n_heads; uint half_dim; uint half_rot; uint n_heads2; } p;
 
 // (sin, cos) of 2pi * pos * f, with f a fraction of a turn in 0.64 fixed point. The product is
 // exact modulo one turn, so large positions lose nothing to range reduction; the remainder
@@ -48,6 +51,12 @@ void main() {
             const float x0 = x[base + i0], x1 = x[base + i1];
             y[base + i0] = rotated ? x0 * sc.y - x1 * sc.x : x0;
             y[base + i1] = rotated ? x0 * sc.x + x1 * sc.y : x1;
+        }
+        base = token * p.n_heads2 * head_dim;
+        for (uint h = 0u; h < p.n_heads2; h++, base += head_dim) {
+            const float x0 = x2[base + i0], x1 = x2[base + i1];
+            y2[base + i0] = rotated ? x0 * sc.y - x1 * sc.x : x0;
+            y2[base + i1] = rotated ? x0 * sc.x + x1 * sc.y : x1;
         }
     }
 }

@@ -144,6 +144,27 @@ def test_rope_replay_reads_rewritten_positions(ctx):
     g.destroy(), xb.destroy(), out.destroy(), pb.destroy()
 
 
+@pytest.mark.parametrize("mode", ["normal", "neox"])
+def test_rope_second_tensor_is_a_rope_of_its_own(ctx, mode):
+    """Q and K turned in one dispatch give the bits of two rope calls (in place, as the block does)."""
+    n_tokens, hd = 4, 64
+    q, k = _data(n_tokens, 9, hd), _data(n_tokens, 3, hd, seed=2)
+    pos = np.array([0, 5, 77, 4095], np.int32)
+    pb = ctx.upload(pos)
+    pair, alone = [ctx.upload(q), ctx.upload(k)], [ctx.upload(q), ctx.upload(k)]
+    g = Graph(ctx)
+    rope(g, pair[0], pb, pair[0], n_tokens, 9, hd, 10000.0, mode, second=(pair[1], pair[1], 3))
+    rope(g, alone[0], pb, alone[0], n_tokens, 9, hd, 10000.0, mode)
+    rope(g, alone[1], pb, alone[1], n_tokens, 3, hd, 10000.0, mode)
+    g.run()
+    for a, b in zip(pair, alone):
+        assert np.array_equal(a.read(np.uint32), b.read(np.uint32))
+    assert nmse(pair[1].read(np.float32).reshape(k.shape), ops.rope(k, pos, 10000.0, mode)) < NMSE_DEFAULT
+    for b in pair + alone + [pb]:
+        b.destroy()
+    g.destroy()
+
+
 def test_in_place(ctx):
     x, w = _data(6, 4, 64), _data(64, seed=1)
     pos = np.array([3, 1, 4, 1, 5, 9], np.int32)

@@ -52,11 +52,14 @@ def _table(ctx, n_rot, freq_base, freq_scale, freq_factors):
 
 
 def rope(graph, x, positions, out, n_tokens: int, n_heads: int, head_dim: int, freq_base: float,
-         mode: str = "normal", n_rot: int | None = None, freq_scale: float = 1.0, freq_factors=None) -> None:
+         mode: str = "normal", n_rot: int | None = None, freq_scale: float = 1.0, freq_factors=None,
+         second=None) -> None:
     """Rotate x [n_tokens, n_heads, head_dim] f32 into out (may be x) by int32 positions [n_tokens].
 
     The positions buffer is read at replay time, so a recorded graph serves every step.
-    Positions must be below 2^31 in magnitude; n_rot (default head_dim) must be even."""
+    Positions must be below 2^31 in magnitude; n_rot (default head_dim) must be even.
+    second: (x2, out2, n_heads2), another tensor rotated the same way in the same dispatch
+    (K with Q), bit-identical to a rope call of its own."""
     ctx = graph.ctx
     n_rot = head_dim if n_rot is None else n_rot
     rows.check_dims(n_tokens=n_tokens, n_heads=n_heads, head_dim=head_dim, n_rot=n_rot)
@@ -70,10 +73,17 @@ def rope(graph, x, positions, out, n_tokens: int, n_heads: int, head_dim: int, f
     x = rows.check_view(ctx, "rope x", x, nbytes)
     positions = rows.check_view(ctx, "rope positions", positions, n_tokens * 4)
     out = rows.check_view(ctx, "rope out", out, nbytes)
+    x2, out2, n_heads2 = second or (x, out, 0)
+    if second:
+        rows.check_dims(n_heads2=n_heads2)
+        nbytes2 = n_tokens * n_heads2 * head_dim * rows.F32
+        x2 = rows.check_view(ctx, "rope x2", x2, nbytes2)
+        out2 = rows.check_view(ctx, "rope out2", out2, nbytes2)
     table = _table(ctx, n_rot, freq_base, freq_scale, freq_factors)
     wg = rows.workgroup(ctx)
     n_items = n_tokens * (head_dim // 2)
     chunks = -(-n_items // wg)  # one lane per (token, pair), each looping over the heads
-    pipe = ctx.pipeline("rope", 4, 16, (wg, int(mode == "neox")))
-    graph.dispatch(pipe, [x, positions, table, out], (rows.groups(ctx, chunks, n_heads, "rope"),),
-                   struct.pack("<IIII", n_tokens, n_heads, head_dim // 2, n_rot // 2), label=f"rope_{mode}")
+    pipe = ctx.pipeline("rope", 6, 20, (wg, int(mode == "neox")))
+    graph.dispatch(pipe, [x, positions, table, out, x2, out2],
+                   (rows.groups(ctx, chunks, n_heads + n_heads2, "rope"),),
+                   struct.pack("<5I", n_tokens, n_heads, head_dim // 2, n_rot // 2, n_heads2), label=f"rope_{mode}")

@@ -77,9 +77,9 @@ class BlockBuffers:
         return cls(f32(d), f32(d), f32(q), f32(kv), f32(kv), f32(q), f32(s.n_ff), f32(s.n_ff))
 
 
-def project(g, w: BlockWeights, s: BlockShape, src, out, which: int, n: int, pos) -> None:
+def project(g, w: BlockWeights, s: BlockShape, src, out, which: int, n: int, pos, rotate: bool = True) -> None:
     """out = W src for n rows, W the q (which=0), k (1) or v (2) projection; then its bias, and
-    for q and k the per-head norm and RoPE at the uint32 positions in `pos`."""
+    for q and k the per-head norm and (with `rotate`) RoPE at the uint32 positions in `pos`."""
     weight, heads = ((w.wq, s.n_head), (w.wk, s.n_head_kv), (w.wv, s.n_head_kv))[which]
     matmul(g, weight, src, out, n)
     if w.bias:
@@ -87,7 +87,8 @@ def project(g, w: BlockWeights, s: BlockShape, src, out, which: int, n: int, pos
     if which < 2:
         if w.qk_norm:
             rms_norm(g, out, w.qk_norm[which], out, n * heads, s.head_dim, s.rms_eps)
-        rope(g, out, pos, out, n, heads, s.head_dim, s.rope_base, s.rope_mode, freq_factors=s.rope_factors)
+        if rotate:
+            rope(g, out, pos, out, n, heads, s.head_dim, s.rope_base, s.rope_mode, freq_factors=s.rope_factors)
 
 
 def write_kv(g, w: BlockWeights, s: BlockShape, b: BlockBuffers, kv, layer: int, src, n: int, pos) -> None:
@@ -103,8 +104,13 @@ def record_block(g, w: BlockWeights, s: BlockShape, b: BlockBuffers, kv, layer: 
     is the first query's position (attention's mask), both rewritable between replays."""
     d = s.n_embd
     rms_norm(g, b.x, w.attn_norm, b.xn, n, d, s.rms_eps)
-    project(g, w, s, b.xn, b.q, 0, n, pos)
-    write_kv(g, w, s, b, kv, layer, b.xn, n, pos)
+    project(g, w, s, b.xn, b.q, 0, n, pos, rotate=False)
+    project(g, w, s, b.xn, b.k, 1, n, pos, rotate=False)
+    project(g, w, s, b.xn, b.v, 2, n, pos)
+    # Q and K turned in one dispatch, the same bits as write_kv's separate rope of K
+    rope(g, b.q, pos, b.q, n, s.n_head, s.head_dim, s.rope_base, s.rope_mode, freq_factors=s.rope_factors,
+         second=(b.k, b.k, s.n_head_kv))
+    kv.record_write(g, layer, b.k, b.v, pos, n)
     kv.attend(g, layer, b.q, b.att, params, n, s.n_head, mask=mask)
     matmul(g, w.wo, b.att, b.x, n, accumulate=True)
     rms_norm(g, b.x, w.ffn_norm, b.xn, n, d, s.rms_eps)
