@@ -76,9 +76,19 @@ layout(push_constant) uniform Push {
     uint cols;
     uint n;         // activation rows
     uint row0;      // output feature of this piece's first row
-    uint y_stride;  // floats per output row
     uint stride;    // bytes per weight row (a multiple of 16)
+    // Output segments: features [0, end0) form matrix 0 of Y, [end0, end1) matrix 1, [end1,
+    // end2) matrix 2, each row-major from float `base` of Y (one matmul fills Q, K and V).
+    uint end0, end1, end2, base0, base1, base2;
 } p;
+
+// y index of output feature f of activation row j
+uint y_index(uint j, uint f) {
+    uint start = f < p.end0 ? 0u : f < p.end1 ? p.end0 : p.end1;
+    uint end = f < p.end0 ? p.end0 : f < p.end1 ? p.end1 : p.end2;
+    uint base = f < p.end0 ? p.base0 : f < p.end1 ? p.base1 : p.base2;
+    return base + j * (end - start) + (f - start);
+}
 
 const bool PLAIN = TYPE == T_F32 || TYPE == T_F16 || TYPE == T_BF16;
 const uint QK = (TYPE == T_Q4_K || TYPE == T_Q6_K) ? 256u : 32u;
@@ -337,7 +347,7 @@ void main() {
         if (part == 0u && r[i] < p.rows) {
             [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
                 uint j = gl_WorkGroupID.y * NJ + jj;
-                uint at = j * p.y_stride + p.row0 + r[i];
+                uint at = y_index(j, p.row0 + r[i]);
                 // silu(g) * u spelled as elementwise.comp's swiglu, so the bits match it
                 float g = acc[i][jj], v = GLU_ON ? g / (1.0 + exp(-g)) * acc[GLU_ON ? i + RO : i][jj] : g;
                 if (j < p.n) y[at] = ACC != 0u ? y[at] + v : v;

@@ -8,7 +8,7 @@ import pytest
 
 from vkdflash.errors import VkdflashError
 from vkdflash.kernels.embed import get_rows
-from vkdflash.kernels.matmul import MatmulConfig, config_for, matmul
+from vkdflash.kernels.matmul import MatmulConfig, config_for, matmul, matmul_split
 from vkdflash.kernels.types import WEIGHT_TYPES, get_type
 from vkdflash.kernels.weights import Weight
 from vkdflash.ref import quants as ref
@@ -121,6 +121,40 @@ def test_row_tiles_are_invisible(ctx, tname):
         assert np.array_equal(a, b)
     deq = ref.dequantize(raw, tname, cols)
     assert np.array_equal(outs[8][-1].view(np.float32).reshape(5, cols), deq[ids])
+
+
+@pytest.mark.parametrize("tname", ["q4_1", "q8_0"])
+def test_split_output_is_three_matmuls(ctx, tname):
+    """A stacked QKV weight's one matmul writes each part's rows where that part's own matmul
+    would, bit for bit (n = 1 and a batch), and the row slices work alone."""
+    rows, cols, n = (64, 16, 16), 128, 5
+    r = np.random.default_rng(12)
+    raws = [ref.random_blocks(r, tname, k, cols) for k in rows]
+    whole = Weight(ctx, tname, sum(rows), cols, np.concatenate([x.reshape(-1) for x in raws]), tile=8)
+    parts = [whole.rows_slice(sum(rows[:i]), k, f"part{i}") for i, k in enumerate(rows)]
+    assert all(p is not None for p in parts) and whole.rows_slice(4, 8, "x") is None  # off a tile
+    x = ctx.upload(r.uniform(-1, 1, (n, cols)).astype(np.float32))
+    for m in (1, n):
+        out, alone = ctx.buffer(4 * n * sum(rows)), [ctx.buffer(4 * n * k) for k in rows]
+        views = [out.view(4 * n * sum(rows[:i]), 4 * n * k) for i, k in enumerate(rows)]
+        g = Graph(ctx)
+        matmul_split(g, whole, x, list(zip(rows, views)), m)
+        for p, a in zip(parts, alone):
+            matmul(g, p, x, a, m)
+        g.run()
+        for i, k in enumerate(rows):
+            got = out.read(np.uint32, m * k, 4 * n * sum(rows[:i]))
+            assert np.array_equal(got, alone[i].read(np.uint32, m * k))
+        for i, p in enumerate(parts):
+            assert np.array_equal(p.dequantize(), ref.dequantize(raws[i], tname, cols))
+        g.destroy(), out.destroy()
+        for a in alone:
+            a.destroy()
+    with pytest.raises(VkdflashError, match="do not split"):
+        matmul_split(Graph(ctx), whole, x, [(64, out_view) for out_view in [ctx.buffer(4096).view()]], 1)
+    for p in parts:
+        p.destroy()
+    whole.destroy(), x.destroy()
 
 
 def test_default_config(ctx):

@@ -8,7 +8,7 @@ import struct
 from dataclasses import dataclass
 
 from ..errors import VkdflashError
-from ..runtime.memory import as_view, prefers_texel_loads, texel_view
+from ..runtime.memory import View, as_view, prefers_texel_loads, texel_view
 from .elementwise import swiglu
 from .weights import Weight
 
@@ -79,9 +79,36 @@ def matmul(graph, weight: Weight, x_view, y_view, n: int, config: MatmulConfig |
     with `accumulate`, y += x @ W^T (bit-identical to a separate add of the product)."""
     cfg = config or config_for(graph.ctx.features)
     x, y = _check(weight, x_view, y_view, n)
+    segments = ((weight.rows,) * 3, (0,) * 3)
     for piece in weight.pieces:
         # pieces write disjoint rows of y: only the first waits for earlier work
-        _dispatch(graph, weight, piece, None, x, y, int(n), cfg, accumulate, rows_per_lane(weight, n, cfg))
+        _dispatch(graph, weight, piece, None, x, y, int(n), cfg, accumulate, rows_per_lane(weight, n, cfg), segments)
+
+
+def matmul_split(graph, weight: Weight, x_view, outs, n: int, config: MatmulConfig | None = None) -> None:
+    """Record one matmul whose output rows go to up to 3 matrices: outs = [(rows, view), ...],
+    rows summing to weight.rows, the views on one buffer (e.g. a stacked QKV weight filling
+    Q, K and V: one dispatch instead of three, the same bits)."""
+    cfg = config or config_for(graph.ctx.features)
+    n = int(n)
+    x, _ = _check(weight, x_view, None, n)
+    outs = [(int(rows), as_view(v)) for rows, v in outs]
+    if not 1 <= len(outs) <= 3 or sum(rows for rows, _ in outs) != weight.rows:
+        raise VkdflashError(f"matmul: {len(outs)} outputs of {[r for r, _ in outs]} rows do not split "
+                            f"{weight.name}'s {weight.rows} rows into at most 3 parts")
+    buf = outs[0][1].buffer
+    for rows, v in outs:
+        if v.buffer is not buf or v.offset % 4 or v.size < n * rows * 4:
+            raise VkdflashError(f"matmul: an output of {rows} rows must be a 4-byte aligned view of "
+                                f"{n * rows * 4} bytes on the first output's buffer")
+    lo, hi = min(v.offset for _, v in outs), max(v.offset + v.size for _, v in outs)
+    y = View(buf, lo, hi - lo)
+    ends = tuple(sum(r for r, _ in outs[:i + 1]) for i in range(len(outs)))
+    bases = tuple((v.offset - lo) // 4 for _, v in outs)
+    pad = 3 - len(outs)
+    segments = (ends + (ends[-1],) * pad, bases + (bases[-1],) * pad)
+    for piece in weight.pieces:
+        _dispatch(graph, weight, piece, None, x, y, n, cfg, False, rows_per_lane(weight, n, cfg), segments)
 
 
 def glu(graph, gate: Weight, up: Weight, x_view, y_view, n: int, up_scratch, config: MatmulConfig | None = None) -> None:
@@ -93,7 +120,7 @@ def glu(graph, gate: Weight, up: Weight, x_view, y_view, n: int, up_scratch, con
     rl = rows_per_lane(gate, n, cfg)
     same = (gate.ttype, gate.rows, gate.cols, gate.stride, gate.tile) == (up.ttype, up.rows, up.cols, up.stride, up.tile)
     if same and rl % 2 == 0 and len(gate.pieces) == len(up.pieces) == 1:
-        _dispatch(graph, gate, gate.pieces[0], up.pieces[0], x, y, int(n), cfg, False, rl)
+        _dispatch(graph, gate, gate.pieces[0], up.pieces[0], x, y, int(n), cfg, False, rl, ((gate.rows,) * 3, (0,) * 3))
         return
     matmul(graph, gate, x, y, n, cfg)
     matmul(graph, up, x, up_scratch, n, cfg)
@@ -107,15 +134,16 @@ def _check(weight: Weight, x_view, y_view, n: int):
     if not weight.pieces:
         raise VkdflashError(f"matmul: {weight.name} was destroyed")
     x = _check_view(x_view, n * weight.cols * 4, f"x ({n}x{weight.cols} f32)")
-    y = _check_view(y_view, n * weight.rows * 4, f"y ({n}x{weight.rows} f32)")
+    y = None if y_view is None else _check_view(y_view, n * weight.rows * 4, f"y ({n}x{weight.rows} f32)")
     if x.offset % 16:
         raise VkdflashError(f"matmul: x view offset {x.offset} is not 16-byte aligned")
     return x, y
 
 
 def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulConfig, accumulate: bool,
-              rl: int) -> None:
-    """One mul_mat dispatch over one piece of `weight` (GLU when `up_piece` is given)."""
+              rl: int, segments) -> None:
+    """One mul_mat dispatch over one piece of `weight` (GLU when `up_piece` is given);
+    segments: (ends, bases) of the output matrices (mul_mat.comp's push constants)."""
     nj = nj_for(n, cfg)
     groups_y = -(-n // nj)
     if groups_y > 65535:
@@ -136,8 +164,8 @@ def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulC
     texels = texels if texel else ()
     spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, int(cfg.xbcast), tail,
             int(cfg.rolled_slots), rl, int(accumulate), weight.tile)
-    pipe = ctx.pipeline(shader, len(bound), 24, spec, texels)
-    push = struct.pack("<6I", piece.rows, weight.cols, n, piece.first_row, weight.rows, weight.stride)
+    pipe = ctx.pipeline(shader, len(bound), 44, spec, texels)
+    push = struct.pack("<11I", piece.rows, weight.cols, n, piece.first_row, weight.stride, *segments[0], *segments[1])
     rows_out = rl // 2 if up_piece else rl
     graph.dispatch(pipe, bound, (-(-piece.rows // (cfg.rows_per_group * rows_out)), groups_y), push,
                    barrier=piece is weight.pieces[0], label=f"mul_mat{'_glu' if up_piece else ''}/{weight.ttype.name}")

@@ -50,6 +50,7 @@ class Weight:
             raise VkdflashError(f"{name}: {t.name} needs cols to be a multiple of {max(32, t.qk)}, got {cols}")
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         self.ctx, self.ttype, self.rows, self.cols, self.name = ctx, t, rows, cols, name
+        self.offset, self.shared = 0, False  # a slice (rows_slice) views its parent's buffer
         self.row_bytes = t.row_bytes(cols)  # in the GGUF file
         if raw.nbytes != rows * self.row_bytes:
             raise VkdflashError(f"{name}: {raw.nbytes} bytes given, a {t.name} tensor of "
@@ -69,6 +70,21 @@ class Weight:
         self.pieces = [Piece(t * self.tile, min(n * self.tile, rows - t * self.tile), self.buffer.view(t * span, n * span))
                        for t, n in pieces(ctx, padded_rows // self.tile, span)]
 
+    def rows_slice(self, first: int, rows: int, name: str) -> "Weight | None":
+        """Rows first..first+rows as a Weight on this one's memory (stacked QKV: one matmul fills
+        all three, and each part still works alone), or None where the layout cannot give one
+        (a slice must start on a tile, in the first piece, at an offset the device can bind)."""
+        span = -(-rows // self.tile) * self.tile * self.stride
+        offset = first * self.stride
+        if (first % self.tile or len(self.pieces) != 1 or first + rows > self.rows
+                or offset % self.ctx.features.min_storage_buffer_offset_alignment):
+            return None
+        part = object.__new__(Weight)
+        part.__dict__.update(self.__dict__)
+        part.rows, part.name, part.offset, part.shared, part.nbytes = rows, name, offset, True, span
+        part.pieces = [Piece(0, rows, self.buffer.view(offset, span))]
+        return part
+
     @classmethod
     def from_float(cls, ctx, array: np.ndarray, ttype, name: str = "weight") -> "Weight":
         """Quantize a float (rows, cols) array with gguf-py (f32/f16/bf16 stored directly)."""
@@ -83,7 +99,7 @@ class Weight:
 
     def dequantize(self) -> np.ndarray:
         """The values the kernels compute with, as float32 (rows, cols) (reads the device copy)."""
-        rows = self._interleave(self.buffer.read(np.uint8, self.nbytes), self.tile, inverse=True)
+        rows = self._interleave(self.buffer.read(np.uint8, self.nbytes, self.offset), self.tile, inverse=True)
         return dequantize(rows[:self.rows, :self.row_bytes], self.ttype, self.cols)
 
     def _interleave(self, data: np.ndarray, tile: int, inverse: bool = False) -> np.ndarray:
@@ -97,5 +113,6 @@ class Weight:
         return f"Weight({self.name}, {self.ttype.name}, {self.rows}x{self.cols}, {len(self.pieces)} piece(s))"
 
     def destroy(self) -> None:
-        self.buffer.destroy()
+        if not self.shared:
+            self.buffer.destroy()
         self.pieces = []

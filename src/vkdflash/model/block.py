@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..kernels.elementwise import add
-from ..kernels.matmul import glu, matmul
+from ..kernels.matmul import glu, matmul, matmul_split
 from ..kernels.norm import rms_norm
 from ..kernels.rope import rope
 
@@ -44,17 +44,21 @@ class BlockWeights:
     down: object
     bias: tuple | None = None       # (q, k, v) biases, repeated once per row (qwen2)
     qk_norm: tuple | None = None    # (q_norm, k_norm), per head (qwen3, DFlash)
+    wqkv: object = None             # wq, wk, wv stacked in one Weight (they are its row slices)
 
     @classmethod
     def load(cls, vec, mat, prefix: str, bias: bool = False, qk_norm: bool = False,
-             bias_rows: int = 1) -> "BlockWeights":
-        """vec(name[, repeat]) -> f32 buffer and mat(name) -> Weight read the tensors `prefix` + name."""
+             bias_rows: int = 1, stack=None) -> "BlockWeights":
+        """vec(name[, repeat]) -> f32 buffer and mat(name) -> Weight read the tensors `prefix` + name;
+        stack(names) -> (stacked Weight, its row slices) or None, where Q, K and V may share one."""
         p = prefix
-        return cls(vec(p + "attn_norm.weight"), mat(p + "attn_q.weight"), mat(p + "attn_k.weight"),
-                   mat(p + "attn_v.weight"), mat(p + "attn_output.weight"), vec(p + "ffn_norm.weight"),
+        qkv_names = [p + f"attn_{x}.weight" for x in "qkv"]
+        stacked = stack(qkv_names) if stack else None
+        wqkv, (wq, wk, wv) = stacked if stacked else (None, [mat(name) for name in qkv_names])
+        return cls(vec(p + "attn_norm.weight"), wq, wk, wv, mat(p + "attn_output.weight"), vec(p + "ffn_norm.weight"),
                    mat(p + "ffn_gate.weight"), mat(p + "ffn_up.weight"), mat(p + "ffn_down.weight"),
                    tuple(vec(p + f"attn_{x}.bias", bias_rows) for x in "qkv") if bias else None,
-                   (vec(p + "attn_q_norm.weight"), vec(p + "attn_k_norm.weight")) if qk_norm else None)
+                   (vec(p + "attn_q_norm.weight"), vec(p + "attn_k_norm.weight")) if qk_norm else None, wqkv)
 
 
 @dataclass
@@ -71,17 +75,23 @@ class BlockBuffers:
 
     @classmethod
     def alloc(cls, buffer, s: BlockShape, rows: int) -> "BlockBuffers":
-        """buffer(nbytes) allocates (e.g. DeviceStore.buffer, freed with the store)."""
+        """buffer(nbytes) allocates (e.g. DeviceStore.buffer, freed with the store). q, k and v
+        are views of one buffer, so a stacked QKV matmul fills them in one dispatch."""
         d, q, kv = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
         f32 = lambda n: buffer(4 * rows * n)  # noqa: E731
-        return cls(f32(d), f32(d), f32(q), f32(kv), f32(kv), f32(q), f32(s.n_ff), f32(s.n_ff))
+        qkv = f32(q + 2 * kv)
+        return cls(f32(d), f32(d), qkv.view(0, 4 * rows * q), qkv.view(4 * rows * q, 4 * rows * kv),
+                   qkv.view(4 * rows * (q + kv), 4 * rows * kv), f32(q), f32(s.n_ff), f32(s.n_ff))
 
 
-def project(g, w: BlockWeights, s: BlockShape, src, out, which: int, n: int, pos, rotate: bool = True) -> None:
-    """out = W src for n rows, W the q (which=0), k (1) or v (2) projection; then its bias, and
-    for q and k the per-head norm and (with `rotate`) RoPE at the uint32 positions in `pos`."""
+def project(g, w: BlockWeights, s: BlockShape, src, out, which: int, n: int, pos, rotate: bool = True,
+            product: bool = True) -> None:
+    """out = W src for n rows, W the q (which=0), k (1) or v (2) projection (unless `product` is
+    False: out holds it already); then its bias, and for q and k the per-head norm and (with
+    `rotate`) RoPE at the uint32 positions in `pos`."""
     weight, heads = ((w.wq, s.n_head), (w.wk, s.n_head_kv), (w.wv, s.n_head_kv))[which]
-    matmul(g, weight, src, out, n)
+    if product:
+        matmul(g, weight, src, out, n)
     if w.bias:
         add(g, out, w.bias[which], out, n * heads * s.head_dim)
     if which < 2:
@@ -104,9 +114,11 @@ def record_block(g, w: BlockWeights, s: BlockShape, b: BlockBuffers, kv, layer: 
     is the first query's position (attention's mask), both rewritable between replays."""
     d = s.n_embd
     rms_norm(g, b.x, w.attn_norm, b.xn, n, d, s.rms_eps)
-    project(g, w, s, b.xn, b.q, 0, n, pos, rotate=False)
-    project(g, w, s, b.xn, b.k, 1, n, pos, rotate=False)
-    project(g, w, s, b.xn, b.v, 2, n, pos)
+    if w.wqkv is not None:
+        matmul_split(g, w.wqkv, b.xn, [(w.wq.rows, b.q), (w.wk.rows, b.k), (w.wv.rows, b.v)], n)
+    project(g, w, s, b.xn, b.q, 0, n, pos, rotate=False, product=w.wqkv is None)
+    project(g, w, s, b.xn, b.k, 1, n, pos, rotate=False, product=w.wqkv is None)
+    project(g, w, s, b.xn, b.v, 2, n, pos, product=w.wqkv is None)
     # Q and K turned in one dispatch, the same bits as write_kv's separate rope of K
     rope(g, b.q, pos, b.q, n, s.n_head, s.head_dim, s.rope_base, s.rope_mode, freq_factors=s.rope_factors,
          second=(b.k, b.k, s.n_head_kv))

@@ -53,7 +53,7 @@ class Model:
         self.output = self.embd if hp.tied_output else self._mat("output.weight")
         self.output_norm = self._vec("output_norm.weight")
         self.layers = [BlockWeights.load(self._vec, self._mat, f"blk.{i}.", hp.has_qkv_bias, hp.has_qk_norm,
-                                         bias_rows=MAX_BATCH) for i in range(hp.n_layer)]
+                                         bias_rows=MAX_BATCH, stack=self._stack) for i in range(hp.n_layer)]
         self.cache = KVCache(ctx, hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim, ctk, ctv, rotate)
         # what the host writes or reads every step lives in mapped memory: no staging copies
         host = lambda n: self.store.buffer(n, host=True)  # noqa: E731
@@ -77,6 +77,9 @@ class Model:
 
     def _mat(self, name: str) -> Weight:
         return self.store.matrix(self.mf.tensor(name), name)
+
+    def _stack(self, names):
+        return self.store.stacked([self.mf.tensor(name) for name in names], names)
 
     def _vec(self, name: str, repeat: int = 1):
         """A 1-D tensor as f32 (biases repeated per batch row so a plain add applies them)."""

@@ -29,6 +29,22 @@ class DeviceStore:
         """A 2-D GGUF tensor (TensorData), uploaded in its own block layout."""
         return self.adopt(Weight(self.ctx, tensor.type_id, tensor.shape[1], tensor.shape[0], tensor.data, name))
 
+    def stacked(self, tensors, names) -> tuple | None:
+        """2-D GGUF tensors of one type and width as one weight of their rows stacked (e.g. Q, K, V:
+        one matmul fills all three) and a row slice of it per tensor; None where they cannot be."""
+        t0 = tensors[0]
+        if any((t.type_id, t.shape[0]) != (t0.type_id, t0.shape[0]) or len(t.shape) != 2 for t in tensors):
+            return None
+        rows = [int(t.shape[1]) for t in tensors]
+        data = np.concatenate([np.ascontiguousarray(t.data).reshape(-1).view(np.uint8) for t in tensors])
+        whole = Weight(self.ctx, t0.type_id, sum(rows), t0.shape[0], data, "+".join(names))
+        parts = [whole.rows_slice(sum(rows[:i]), r, name) for i, (r, name) in enumerate(zip(rows, names))]
+        if any(p is None for p in parts):
+            whole.destroy()
+            return None
+        self.adopt(whole)
+        return whole, parts
+
     def vector(self, tensor, repeat: int = 1):
         """A 1-D GGUF tensor as f32, repeated `repeat` times (biases: once per batch row)."""
         values = dequantize(np.asarray(tensor.data), tensor.type_id, tensor.shape[0]).reshape(-1).astype(np.float32)
