@@ -223,9 +223,10 @@ void sum4(inout precise float t, vec4 x) {
     t = t + x.x; t = t + x.y; t = t + x.z; t = t + x.w;
 }
 // acc + the chunk's dot product A * s + B * t
-float combine(precise float acc, float A, float B, precise float s, precise float t) {
+float combine(float acc, float A, float B, float s, float t) {
     precise float c = OFFSET ? fma(A, s, B * t) : A * s;
-    return !SCALED ? acc + s : OFFSET ? acc + c : fma(A, s, acc);
+    precise float r = !SCALED ? acc + s : OFFSET ? acc + c : fma(A, s, acc);
+    return r;
 }
 
 // 32 activations starting at vec4 index `base`
