@@ -267,9 +267,31 @@ void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[
                 }
                 acc[0][jj] = combine(acc[0][jj], A[0], B[0], s, t);
             }
+        } else if (NJ > 1u) {
+            // every row's chunk decoded once (spilled: it serves NJ slots), then slot by slot
+            // the chains of all rows: RL sums and one x value live at a time, not RL x NJ
+            // (lavapipe keeps each live value in a SIMD register; 16 on AVX2)
+            vec4 q[RL][8];
+            [[unroll]] for (uint i = 0u; i < RL; i++) {
+                a = win[i];
+                [[unroll]] for (uint k = 0u; k < 8u; k++) q[i][k] = chunk_q(o, sub, k);
+            }
+            [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
+                vec4 mine = XBCAST != 0u ? x4(xj[jj] + xb + (gl_SubgroupInvocationID & 7u)) : vec4(0.0);
+                precise float s[RL], t = 0.0;
+                [[unroll]] for (uint k = 0u; k < 8u; k++) {
+                    vec4 xk = XBCAST != 0u ? subgroupShuffle(mine, k) : x4(xj[jj] + xb + k);
+                    if (OFFSET) sum4(t, xk);
+                    [[unroll]] for (uint i = 0u; i < RL; i++) {
+                        if (k == 0u) s[i] = 0.0;
+                        dot4(s[i], q[i][k], xk);
+                    }
+                }
+                [[unroll]] for (uint i = 0u; i < RL; i++) acc[i][jj] = combine(acc[i][jj], A[i], B[i], s[i], t);
+            }
         } else {
-            // 4 values of every row's chunk decoded at a time, then that step of every (row,
-            // slot) chain: few values live at once (lavapipe keeps each in a SIMD register)
+            // one slot: 4 values of every row's chunk decoded at a time, then that step of every
+            // row's chain, so nothing spills
             vec4 mine[NJ];
             if (XBCAST != 0u)
                 [[unroll]] for (uint jj = 0u; jj < NJ; jj++) mine[jj] = x4(xj[jj] + xb + (gl_SubgroupInvocationID & 7u));
