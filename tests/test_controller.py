@@ -54,6 +54,18 @@ def test_drafts_that_are_never_accepted_stop_being_drafted_except_for_rarer_and_
     assert list(waits[:4]) == [17, 33, 65, 129] and len(probes) <= 6  # the wait doubles after each miss
 
 
+def test_fewer_rows_never_cost_more():
+    """Live timings keep the curve monotone: a stale, noisy 1-row figure above a live 2-row one
+    would make drafting look free (seen on lavapipe: k=1 on every step, 0.55-0.63x plain)."""
+    c = DraftController(15, {**CPU, 1: 0.097})
+    c.update(1, 1, 0, 0.072, 0.006)
+    assert c.c_verify(1) <= c.c_verify(2) == pytest.approx(0.9 * 0.080 + 0.1 * 0.072)
+    for _ in range(30):  # 4-row passes turn out fast: the 1- and 2-row costs follow them down
+        c.update(3, 3, 0, 0.030, 0.006)
+    assert c.c_verify(1) == c.c_verify(2) == c.c_verify(4) < 0.035
+    assert c.c_verify(8) == CPU[8]
+
+
 def test_it_recovers_when_the_text_becomes_predictable():
     c = trained(CPU, 0.0)
     for _ in range(100):

@@ -70,7 +70,11 @@ class DraftController:
     def update(self, k: int, drafted: int, accepted: int, verify_seconds: float, draft_seconds: float) -> None:
         """After a step that asked for k drafts, got `drafted`, and the target accepted `accepted`."""
         rows = drafted + 1
-        self.verify[rows] = _ema(self.verify.get(rows), verify_seconds)
+        self.verify[rows] = t = _ema(self.verify.get(rows), verify_seconds)
+        # fewer rows never cost more: a stale, noisy 1-row figure (only k = 0 steps refresh it)
+        # must not make drafting look free while the live n-row timings say otherwise
+        for n in self.verify:
+            self.verify[n] = min(self.verify[n], t) if n < rows else max(self.verify[n], t) if n > rows else t
         if k:
             self.draft[k] = _ema(self.draft.get(k), draft_seconds)
         if self.probing:

@@ -60,7 +60,7 @@ def verify_costs(model) -> dict[int, float]:
         except (TypeError, ValueError):
             pass
     log.info("measuring the verify cost curve of this model on this device (once; cached in %s)", file)
-    curve = measure(model, reps=1)
+    curve = measure(model, reps=3)  # best of 4: one noisy pass once gave a 1-row figure 2.4x too high
     known[key] = {str(n): s for n, s in curve.items()}
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
