@@ -64,6 +64,8 @@ def test_fewer_rows_never_cost_more():
         c.update(3, 3, 0, 0.030, 0.006)
     assert c.c_verify(1) == c.c_verify(2) == c.c_verify(4) < 0.035
     assert c.c_verify(8) == CPU[8]
+    c.update(1, 1, 0, 5.0, 0.006)  # a 2-row pass that paid for compiling: no other cost moves
+    assert c.c_verify(4) < 0.035 and c.c_verify(8) == CPU[8]
 
 
 def test_it_recovers_when_the_text_becomes_predictable():

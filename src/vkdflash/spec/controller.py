@@ -72,9 +72,11 @@ class DraftController:
         rows = drafted + 1
         self.verify[rows] = t = _ema(self.verify.get(rows), verify_seconds)
         # fewer rows never cost more: a stale, noisy 1-row figure (only k = 0 steps refresh it)
-        # must not make drafting look free while the live n-row timings say otherwise
+        # must not make drafting look free while the live n-row timings say otherwise. Only
+        # downwards: a slow pass (a first one pays for compiling its shape) lifts no other cost
         for n in self.verify:
-            self.verify[n] = min(self.verify[n], t) if n < rows else max(self.verify[n], t) if n > rows else t
+            if n < rows:
+                self.verify[n] = min(self.verify[n], t)
         if k:
             self.draft[k] = _ema(self.draft.get(k), draft_seconds)
         if self.probing:
