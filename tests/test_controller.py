@@ -66,6 +66,9 @@ def test_fewer_rows_never_cost_more():
     assert c.c_verify(8) == CPU[8]
     c.update(1, 1, 0, 5.0, 0.006)  # a 2-row pass that paid for compiling: no other cost moves
     assert c.c_verify(4) < 0.035 and c.c_verify(8) == CPU[8]
+    before, a1 = (dict(c.verify), dict(c.draft)), c.acceptance()[0]
+    c.update(15, 15, 3, 9.0, 9.0, timed=False)  # an untypical (first, compiling) pass: learn acceptance only
+    assert (c.verify, c.draft) == before and c.acceptance()[0] > a1
 
 
 def test_it_recovers_when_the_text_becomes_predictable():

@@ -67,18 +67,21 @@ class DraftController:
         self.chosen.append(k)
         return k
 
-    def update(self, k: int, drafted: int, accepted: int, verify_seconds: float, draft_seconds: float) -> None:
-        """After a step that asked for k drafts, got `drafted`, and the target accepted `accepted`."""
+    def update(self, k: int, drafted: int, accepted: int, verify_seconds: float, draft_seconds: float,
+               timed: bool = True) -> None:
+        """After a step that asked for k drafts, got `drafted`, and the target accepted `accepted`;
+        timed=False: the seconds are not typical (a first pass that compiled) and are not learned."""
         rows = drafted + 1
-        self.verify[rows] = t = _ema(self.verify.get(rows), verify_seconds)
-        # fewer rows never cost more: a stale, noisy 1-row figure (only k = 0 steps refresh it)
-        # must not make drafting look free while the live n-row timings say otherwise. Only
-        # downwards: a slow pass (a first one pays for compiling its shape) lifts no other cost
-        for n in self.verify:
-            if n < rows:
-                self.verify[n] = min(self.verify[n], t)
-        if k:
-            self.draft[k] = _ema(self.draft.get(k), draft_seconds)
+        if timed:
+            self.verify[rows] = t = _ema(self.verify.get(rows), verify_seconds)
+            # fewer rows never cost more: a stale, noisy 1-row figure (only k = 0 steps refresh
+            # it) must not make drafting look free while live n-row timings say otherwise. Only
+            # downwards: one slow pass lifts no other cost
+            for n in self.verify:
+                if n < rows:
+                    self.verify[n] = min(self.verify[n], t)
+            if k:
+                self.draft[k] = _ema(self.draft.get(k), draft_seconds)
         if self.probing:
             self.wait = self.probe_every if accepted else min(2 * self.wait, MAX_PROBE_WAIT)
             self.probing = False

@@ -48,6 +48,7 @@ class Speculator:
         """control: chooses each step's draft length (None: always up to --draft-max)."""
         self.model, self.stats = model, stats
         self.control = control or DraftController(options.draft_max, {1: 1.0}, fixed=True)
+        self._seen: set = set()  # (asked, drafted) shapes run once: their graphs exist
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
         self.strategy = None
@@ -133,7 +134,10 @@ class Speculator:
             n, nxt = verify(prop.tokens, out.logits, sampler, prop.probs)
             cache.truncate(pos + 1 + n)
             self.stats.record(len(prop.tokens), n)
-            self.control.update(max_n, len(prop.tokens), n, t2 - t1, t1 - t0)
+            # a shape's first pass records its graph and compiles its kernels: not a cost to learn
+            shape = (max_n, len(prop.tokens))
+            self.control.update(max_n, len(prop.tokens), n, t2 - t1, t1 - t0, timed=shape in self._seen)
+            self._seen.add(shape)
             log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), max_n, n)
             if self.strategy is not None:
                 self._committed(out, pos, 1 + n, [last] + prop.tokens[:n])
