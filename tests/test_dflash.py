@@ -13,7 +13,7 @@ from gguf_fixtures import DROP, write_model
 from gguf import GGUFValueType as VT
 from vkdflash.conformance import nmse
 from vkdflash.errors import VkdflashError
-from vkdflash.generate import Stats, plain_tokens
+from vkdflash.generate import Stats, generate, plain_tokens
 from vkdflash.hookspecs import hookimpl
 from vkdflash.model import load_model
 from vkdflash.model.forward import Model
@@ -24,6 +24,7 @@ from vkdflash.ref.model import RefModel, RefWeights
 from vkdflash.sampling import Sampler
 from vkdflash.spec import SpecStats, StrategyContext, StrategyOptions
 from vkdflash.spec.engine import Speculator, target_view
+from vkdflash.tokenizer import Tokenizer
 from vkdflash_dflash import factory
 from vkdflash_dflash.draft_file import load_draft
 
@@ -343,3 +344,34 @@ def test_accepted_drafts_commit_several_positions(ctx0, files):
         assert got == plain and stats.disabled == ""
         assert 0.5 < stats.acceptance_rate < 1.0 and stats.tau > 3
     model.close()
+
+
+def test_sampling_dflash_draws_from_its_distributions_and_hands_them_over(ctx0, target, files, monkeypatch):
+    """At T > 0 every block row is drawn from softmax(logits / T) with the request's seed, and
+    that q goes to the verifier (speculative sampling then accepts min(1, p/q), not just p(d))."""
+    from vkdflash.spec.drafts import draft_distribution
+    from vkdflash_dflash.strategy import DFlash
+    seen, orig = [], DFlash.propose
+
+    def spy(self, ctx, last, max_n):
+        prop = orig(self, ctx, last, max_n)
+        n = min(max_n, self.hp.block_size - 1)
+        seen.append((prop, self.logits.read(np.float32, n * self.n_vocab).reshape(n, -1), ctx.temperature))
+        return prop
+
+    monkeypatch.setattr(DFlash, "propose", spy)
+    model = Model(ctx0, target, n_ctx=128)
+    stats = SpecStats()
+    spec = Speculator(model, "dflash", factory, StrategyOptions(draft_model=str(files["draft"]), draft_max=4), stats)
+    tok = Tokenizer(target.metadata)
+    list(generate(model, tok, PROMPT, 24, Sampler(temp=2.0, top_k=0, top_p=1.0, min_p=0.0, seed=5), (), Stats(),
+                  spec))
+    spec.close()
+    model.close()
+    assert seen and not stats.disabled
+    off_argmax = 0
+    for prop, logits, temp in seen:
+        assert temp == 2.0 and prop.probs is not None and prop.probs.shape == (len(prop.tokens), logits.shape[1])
+        np.testing.assert_allclose(prop.probs, draft_distribution(logits[:len(prop.tokens)], 2.0), rtol=1e-12)
+        off_argmax += sum(t != int(np.argmax(row)) for t, row in zip(prop.tokens, logits))
+    assert off_argmax > 0  # sampled, not greedy: a random draft at T 2 is rarely sure of anything

@@ -283,3 +283,38 @@ def test_greedy_mtp_from_sidecar_and_p_min(ctx0, trained, files):
     cut, cut_stats = generate_ids(model, tok, 40, MTP, draft_model=trained["sidecar"], draft_max=6, p_min=1.01)
     assert cut == plain and cut_stats.drafted == 0  # no draft is ever above probability 1.01
     model.close()
+
+
+def test_sampled_mtp_drafts_are_gumbel_max_draws(ctx0, trained, monkeypatch):
+    """At T > 0 the head's chained drafts are argmax(logits + T * Gumbel noise) of each depth's
+    own logits -- a draw from softmax(logits / T) -- and that q is handed to the verifier."""
+    import copy
+
+    from vkdflash.spec.drafts import draft_distribution
+    from vkdflash_mtp.gpu import HeadRunner
+    seen, orig = [], HeadRunner.draft
+
+    def spy(self, h, token, pos, m, p_min=0.0, temperature=0.0, rng=None):
+        state = copy.deepcopy(rng.bit_generator.state)
+        drafts, probs = orig(self, h, token, pos, m, p_min, temperature, rng)
+        logits = self.d_logits.read(np.float32, self.s_logits // 4 * m).reshape(m, -1)[:, :self.n_vocab]
+        replay = np.random.default_rng()
+        replay.bit_generator.state = state
+        noise = (temperature * replay.gumbel(size=(m, self.n_vocab))).astype(np.float32)
+        seen.append((drafts, probs, logits, noise, temperature))
+        return drafts, probs
+
+    monkeypatch.setattr(HeadRunner, "draft", spy)
+    mf = trained["target"]
+    model, tok = Model(ctx0, mf, n_ctx=128), Tokenizer(mf.metadata)
+    stats = SpecStats()
+    spec = Speculator(model, "mtp", MTP, StrategyOptions(draft_max=3), stats)
+    list(generate(model, tok, PROMPT, 30, Sampler(temp=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=2), (), Stats(),
+                  spec))
+    spec.close()
+    model.close()
+    assert seen and not stats.disabled
+    for drafts, probs, logits, noise, temp in seen:
+        assert temp == 1.5
+        assert drafts == [int(i) for i in np.argmax(logits + noise, axis=1)]
+        np.testing.assert_allclose(probs, draft_distribution(logits, 1.5), rtol=1e-12)

@@ -12,26 +12,34 @@ buffers rewritten per step."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 
 from vkdflash.api import (BlockBuffers, BlockShape, BlockWeights, DeviceStore, Graph, Proposal, Strategy, VkdflashError,
-                          Weight, argmax, get_rows, matmul, record_block, rms_norm, select_drafts, write_kv)
+                          Weight, argmax, get_rows, matmul, record_block, rms_norm, sample_drafts, select_drafts,
+                          shipped_draft, suite_record, write_kv)
 
 from .draft_file import load_draft
 
 log = logging.getLogger("vkdflash")
 INJECT_ROWS = 64  # positions fused per injection pass (longer prompts go in chunks)
+SHIPPED = Path(__file__).parent / "drafts"  # drafts trained for particular targets (tools/train)
 
 
 class DFlash(Strategy):
     name = "dflash"
 
     def __init__(self, ctx):
-        if not ctx.options.draft_model:
+        path = ctx.options.draft_model or shipped_draft(SHIPPED, getattr(ctx.target, "model_file", None))
+        if not path:
             raise VkdflashError("dflash needs a draft model: -md FILE")
+        if not ctx.options.draft_model:
+            log.info("dflash: no -md given; using the draft shipped for this target: %s", path)
         self.gpu, self.options = ctx.gpu, ctx.options
-        self.draft = load_draft(ctx.options.draft_model, ctx.target.hparams)
+        self.draft = load_draft(path, ctx.target.hparams)
+        self.record = suite_record(self.draft.gguf.metadata)
+        self.expected_first_acceptance = self.record.first_acceptance
         self.hp = hp = self.draft.hp
         self.capture_layers = hp.target_layers
         self.n_vocab = ctx.target.n_vocab
@@ -44,8 +52,9 @@ class DFlash(Strategy):
         self.draft.close()  # every tensor now lives in device buffers
         self.n_injected = 0
         log.info("dflash draft %s: %d layers, block size %d, target layers %s, mask token %d, %s embedding, "
-                 "%s LM head", ctx.options.draft_model, hp.n_layer, hp.block_size, list(hp.target_layers),
-                 hp.mask_token_id, "own" if hp.own_embd else "target's", "own" if hp.own_output else "target's")
+                 "%s LM head%s", path, hp.n_layer, hp.block_size, list(hp.target_layers),
+                 hp.mask_token_id, "own" if hp.own_embd else "target's", "own" if hp.own_output else "target's",
+                 f"; its suite measured {self.record.note}" if self.record.note else "")
 
     def _load(self, ctx) -> None:
         hp, d, B = self.hp, self.hp.n_embd, INJECT_ROWS
@@ -99,6 +108,7 @@ class DFlash(Strategy):
     # -- the strategy API -----------------------------------------------------------
     def begin(self, ctx) -> None:
         self.n_injected = 0
+        self.rng = np.random.default_rng(ctx.seed)  # draws the drafts when the request samples
         self._inject(ctx)
 
     def commit(self, ctx) -> None:
@@ -132,10 +142,12 @@ class DFlash(Strategy):
         self.params.write(np.array([P, 0, 0, 0], np.uint32))
         self._graph(("block", n)).run()
         self.kv.truncate(P)  # only injected context persists; P.. are rewritten on commit
-        ids = self.best.read(np.uint32, n)
+        sampled = ctx.temperature > 0
         logits = (self.logits.read(np.float32, n * self.n_vocab).reshape(n, self.n_vocab)
-                  if self.options.p_min > 0 else None)
-        return Proposal(select_drafts(ids, logits, self.options.p_min))
+                  if self.options.p_min > 0 or sampled else None)
+        if sampled:  # each block row's own distribution: rows are predicted in parallel
+            return Proposal(*sample_drafts(logits, ctx.temperature, self.rng, self.options.p_min))
+        return Proposal(select_drafts(self.best.read(np.uint32, n), logits, self.options.p_min))
 
     def close(self) -> None:
         self.store.close()

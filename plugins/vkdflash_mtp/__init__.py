@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkdflash.api import Proposal, Strategy, VkdflashError, hookimpl
+from vkdflash.api import Proposal, Strategy, VkdflashError, hookimpl, suite_record
 
 from .gpu import HeadRunner
 from .heads import NO_HEADS, SIDECAR_ARCH, Heads, find_heads, load_sidecar
@@ -26,6 +26,7 @@ class MTP(Strategy):
         target = ctx.target
         self.heads = find_heads(target.hparams, getattr(target, "model_file", None), ctx.options.draft_model)
         try:
+            self.expected_first_acceptance = suite_record(self.heads.source.metadata).first_acceptance
             hp = self.heads.hp
             # the residual leaving the trunk (prenorm heads); postnorm heads read ctx.new_final,
             # which the engine hands over whenever anything is captured
@@ -49,6 +50,7 @@ class MTP(Strategy):
 
     def begin(self, ctx) -> None:
         self.n_written, self.h_prev = 0, None
+        self.rng = np.random.default_rng(ctx.seed)  # Gumbel noise when the request samples
         self._update(ctx)
 
     def commit(self, ctx) -> None:
@@ -73,10 +75,11 @@ class MTP(Strategy):
             return Proposal([])
         m = min(max_n, self.runner.max_depth)
         try:
-            drafts = self.runner.draft(self.h_prev, last_token, self.n_written, m, self.p_min)
+            drafts, probs = self.runner.draft(self.h_prev, last_token, self.n_written, m, self.p_min,
+                                              ctx.temperature, self.rng)
         finally:
             self.kv.truncate(self.n_written)  # drafted positions are never kept
-        return Proposal(drafts)
+        return Proposal(drafts, probs)
 
     def close(self) -> None:
         runner = getattr(self, "runner", None)

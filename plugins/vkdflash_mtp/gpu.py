@@ -5,6 +5,9 @@ Two kinds of recorded graph, each replayed with per-step values written into sma
              cache-write hook -- nothing else persists, so nothing else is computed;
   draft(m):  m chained depths in ONE submit: depth j reads its token id and state from slot j,
              runs the whole block, writes its argmax id and the state to feed back into slot j+1.
+             When the request samples (T > 0), host-drawn Gumbel noise times T is added to the
+             logits before the argmax: argmax(l + T g) is a draw from softmax(l / T) (Gumbel-max),
+             so depth j+1 is conditioned on a sampled draft without leaving the GPU.
 eh_proj . [e ; h] is computed as W_e . e + W_h . h with the two column halves of eh_proj (split
 on block boundaries, or dequantized to f32 where the hidden size is not a whole number of blocks)."""
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from vkdflash.api import (BlockBuffers, BlockShape, BlockWeights, DeviceStore, Graph, VkdflashError, Weight,
-                          argmax, copy, dequantize, get_rows, get_type, matmul, record_block, rms_norm, write_kv)
+                          add, argmax, copy, dequantize, draft_distribution, get_rows, get_type, matmul, record_block,
+                          rms_norm, write_kv)
 
 MAX_ROWS = 64  # committed positions per commit graph (the kernels' batch-invariance range)
 
@@ -54,6 +58,7 @@ class HeadRunner:
         self.s_h, self.s_logits = _up(4 * d, a), _up(4 * self.n_vocab, a)
         self.d_ids, self.d_pos, self.d_par = self._buf(a * (D + 1)), self._buf(a * D), self._buf(a * D)
         self.d_h, self.d_logits = self._buf(self.s_h * (D + 1)), self._buf(self.s_logits * D)
+        self.d_noise, self.d_noisy = self._buf(self.s_logits * D), self._buf(self.s_logits * D)
 
     # -- weights --------------------------------------------------------------------------
     def _buf(self, nbytes: int):
@@ -96,7 +101,7 @@ class HeadRunner:
         write_kv(g, self.block, self.shape, b, self.kv, 0, b.xn, n, self.pos)
         return g
 
-    def _record_draft(self, m: int) -> Graph:
+    def _record_draft(self, m: int, sampled: bool) -> Graph:
         d, a, eps, b = self.d, self.a, self.hp.rms_eps, self.b
         g = Graph(self.gpu)
         for j in range(m):
@@ -106,6 +111,10 @@ class HeadRunner:
             record_block(g, self.block, self.shape, b, self.kv, 0, 1, pos, par)
             rms_norm(g, b.x, self.sh_norm, b.xn, 1, d, eps)
             matmul(g, self.head, b.xn, logits, 1)
+            if sampled:
+                noisy = self.d_noisy.view(self.s_logits * j, 4 * self.n_vocab)
+                add(g, logits, self.d_noise.view(self.s_logits * j, 4 * self.n_vocab), noisy, self.n_vocab)
+                logits = noisy
             argmax(g, logits, self.d_ids.view(a * (j + 1), 4), 1, self.n_vocab)
             if j + 1 < m:
                 feed = b.x if self.hidden == "prenorm" else b.xn
@@ -113,8 +122,9 @@ class HeadRunner:
         return g
 
     def _graph(self, key):
-        record = self._record_commit if key[0] == "commit" else self._record_draft
-        return self.store.graph(key, lambda: record(key[1]))
+        if key[0] == "commit":
+            return self.store.graph(key, lambda: self._record_commit(key[1]))
+        return self.store.graph(key, lambda: self._record_draft(key[1], key[2]))
 
     # -- running --------------------------------------------------------------------------
     def commit(self, h: np.ndarray, tokens, first_pos: int) -> None:
@@ -127,8 +137,10 @@ class HeadRunner:
             self.hin.write(np.ascontiguousarray(h[s:s + n], np.float32))
             self._graph(("commit", n)).run()
 
-    def draft(self, h: np.ndarray, token: int, pos: int, m: int, p_min: float = 0.0) -> list:
-        """m chained drafts from state h [d] at position pos and the token after it."""
+    def draft(self, h: np.ndarray, token: int, pos: int, m: int, p_min: float = 0.0, temperature: float = 0.0,
+              rng=None):
+        """m chained drafts from state h [d] at position pos and the token after it: (ids, None) greedy,
+        (ids, their distributions softmax(logits / T) [n, vocab]) when sampling at temperature T."""
         if not 1 <= m <= self.max_depth:
             raise VkdflashError(f"mtp: {m} drafts asked, this head was set up for 1..{self.max_depth}")
         w = self.a // 4
@@ -138,15 +150,21 @@ class HeadRunner:
         slots[:, 0] = np.arange(pos, pos + m)
         self.d_pos.write(slots)
         self.d_par.write(slots)
-        self._graph(("draft", m)).run()
-        drafts = self.d_ids.read(np.uint32, w * (m + 1))[w::w].tolist()
+        sampled = temperature > 0
+        if sampled:
+            noise = np.zeros((m, self.s_logits // 4), np.float32)
+            noise[:, :self.n_vocab] = temperature * rng.gumbel(size=(m, self.n_vocab))
+            self.d_noise.write(noise)
+        self._graph(("draft", m, sampled)).run()
+        drafts = [int(t) for t in self.d_ids.read(np.uint32, w * (m + 1))[w::w]]
+        if p_min <= 0 and not sampled:
+            return drafts, None
+        rows = self.d_logits.read(np.float32, self.s_logits // 4 * m).reshape(m, -1)[:, :self.n_vocab]
         if p_min > 0:
-            rows = self.d_logits.read(np.float32, self.s_logits // 4 * m).reshape(m, -1)[:, :self.n_vocab]
-            rows = rows.astype(np.float64) - rows.max(axis=1, keepdims=True)
-            top = 1.0 / np.exp(rows).sum(axis=1)  # softmax probability of the argmax
-            low = np.flatnonzero(top < p_min)
+            x = rows.astype(np.float64) - rows.max(axis=1, keepdims=True)
+            low = np.flatnonzero(1.0 / np.exp(x).sum(axis=1) < p_min)  # softmax probability of the argmax
             drafts = drafts[:low[0]] if low.size else drafts
-        return [int(t) for t in drafts]
+        return drafts, (draft_distribution(rows[:len(drafts)], temperature) if sampled else None)
 
     def close(self) -> None:
         self.store.close()

@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 
 from vkdflash.api import MAX_HEAD_DIM as ATTN_MAX_HEAD_DIM
 from vkdflash.api import (ARCHITECTURES, MAX_EMBD, MAX_LAYERS, GGUFFile, Metadata, ModelFile, TensorData, VkdflashError,
-                          check_tensors, nextn_hidden, nextn_tensors, read_heads)
+                          check_tensors, nextn_hidden, nextn_tensors, read_heads, shipped_draft)
 
 log = logging.getLogger("vkdflash")
 SIDECAR_ARCH = "mtp"
 NO_HEADS = "mtp needs next-n heads: the target has none and no -md sidecar was given"
+SHIPPED = Path(__file__).parent / "heads"  # sidecars trained for particular targets (tools/train)
 
 
 @dataclasses.dataclass
@@ -78,6 +80,9 @@ def find_heads(target_hp, target_file=None, draft_model: str | None = None) -> H
                                 "target model file to read them from (TargetView.model_file)")
         heads = Heads(target_file.hparams, target_hp.n_nextn, target_hp.nextn_hidden, target_file.gguf.path,
                       target_file, False)
+    elif (path := shipped_draft(SHIPPED, target_file)) is not None:
+        heads = load_sidecar(path, target_hp)
+        log.info("mtp: the target has no next-n heads; using the sidecar shipped for it: %s", path)
     else:
         raise VkdflashError(NO_HEADS)
     check_runnable(heads.hp)

@@ -7,6 +7,7 @@ import click
 
 from .cli_options import DEVICE_OPTION, model_options, open_model
 from .cli_spec import build_speculator, spec_options
+from .suite import PROMPTS, SUITE_CACHE_TYPES
 
 
 def emit_json(report: dict, json_path: str | None) -> None:
@@ -69,15 +70,36 @@ def bench_model(n_prompt, n_gen, json_path, with_profile, with_curve, model_path
 
 @bench.command("spec")
 @click.option("-p", "--prompt", default=None, help="Prompt (default: a code snippet with repetition).")
-@click.option("-n", "--n-gen", default=64, show_default=True, type=click.IntRange(1, 1 << 16),
-              help="Tokens to generate (greedy) in each run.")
+@click.option("-n", "--n-gen", default=None, type=click.IntRange(1, 1 << 16),
+              help="Tokens to generate in each run (default 64; 128 per prompt with --suite).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, writable=True),
               help="Write the figures to this JSON file (also printed).")
+@click.option("--suite", default=None, type=click.Choice(["default"]),
+              help="Run the acceptance suite (24 prompts: code, chat, story) for every strategy x draft cache "
+                   "type at a fixed draft length, greedy and at T 0.7, with plain decoding alongside.")
+@click.option("--suite-runs", default="dflash:15,mtp:2,ngram:8", show_default=True, metavar="NAME:K,...",
+              help="Strategies the suite runs and the fixed draft length of each.")
+@click.option("--suite-cache-types", default=",".join(SUITE_CACHE_TYPES), show_default=True, metavar="TYPE,...",
+              help="Draft cache types the suite runs (K and V alike).")
+@click.option("--suite-temps", default="0,0.7", show_default=True, metavar="T,...",
+              help="Temperatures (T > 0 runs with the f16 draft cache, seeded per prompt).")
+@click.option("--suite-prompts", default=len(PROMPTS), show_default=True, type=click.IntRange(1, len(PROMPTS)),
+              help="Use the first N prompts (code first, then chat, then story).")
 @model_options
 @spec_options
-def bench_spec(prompt, n_gen, json_path, model_path, n_ctx, ctk, ctv, no_kv_rotation, device, spec_request) -> None:
+def bench_spec(prompt, n_gen, json_path, suite, suite_runs, suite_cache_types, suite_temps, suite_prompts, model_path,
+               n_ctx, ctk, ctv, no_kv_rotation, device, spec_request) -> None:
     """Greedy tok/s with a strategy next to --spec none in the same run, and the speedup."""
     from .bench import spec as bench_run
+    if suite:
+        from .bench_suite import parse_runs, run_suite
+        runs = parse_runs(suite_runs, suite_cache_types, suite_temps)
+        model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
+        report = run_suite(model, tok, spec_request, runs, suite_prompts, n_gen or 128, not no_kv_rotation)
+        click.echo(report.pop("table"), err=True)
+        emit_json(report, json_path)
+        return
+    n_gen = n_gen or 64
     name = spec_request.resolve()
     if name == "none":
         raise click.UsageError("bench spec compares a strategy with --spec none: name it with --spec NAME "

@@ -22,6 +22,8 @@ from .strategy import Proposal, StrategyContext
 from .verify import verify
 
 log = logging.getLogger("vkdflash")
+WATCH_STEPS = 24    # verify steps with drafts before the watchdog judges acceptance
+WATCH_RATIO = 0.5   # live a_1 below this share of the draft's recorded a_1 is "far below"
 
 
 @dataclass
@@ -49,6 +51,8 @@ class Speculator:
         self.model, self.stats = model, stats
         self.control = control or DraftController(options.draft_max, {1: 1.0}, fixed=True)
         self._seen: set = set()  # (asked, drafted) shapes run once: their graphs exist
+        self._warned = False
+        self.options = options
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
         self.strategy = None
@@ -134,6 +138,7 @@ class Speculator:
             n, nxt = verify(prop.tokens, out.logits, sampler, prop.probs)
             cache.truncate(pos + 1 + n)
             self.stats.record(len(prop.tokens), n)
+            self._watch()
             # a shape's first pass records its graph and compiles its kernels: not a cost to learn
             shape = (max_n, len(prop.tokens))
             self.control.update(max_n, len(prop.tokens), n, t2 - t1, t1 - t0, timed=shape in self._seen)
@@ -146,6 +151,22 @@ class Speculator:
                 yield t
                 emitted += 1
             last = nxt
+
+    def _watch(self) -> None:
+        """One warning when live first-draft acceptance falls far below what the draft recorded:
+        the symptom of llama.cpp issue 25725 (a quantized draft cache written without rotation)."""
+        expected = getattr(self.strategy, "expected_first_acceptance", None)
+        st = self.stats
+        if self._warned or not expected or st.steps < WATCH_STEPS:
+            return
+        live = st.per_position[0] / st.steps
+        if live < WATCH_RATIO * expected:
+            self._warned = True
+            o = self.options
+            log.warning("%s: first-draft acceptance %.2f after %d steps is far below the %.2f this draft measured "
+                        "on its suite; likely causes: the draft cache types (K %s, V %s), KV rotation %s, sampling "
+                        "at T %.2g, or prompts unlike its training data", st.strategy, live, st.steps, expected,
+                        o.cache_type_k, o.cache_type_v, "on" if o.rotate else "OFF", self.ctx.temperature)
 
     def _timed_inject(self, call, what: str) -> None:
         t0 = time.perf_counter()

@@ -141,6 +141,11 @@ class StrategyContext:
         _owned.setdefault(id(self), []).append(cache)
         return KVHandle(cache)
 
+    @property
+    def cache_names(self) -> list:
+        """Names of the KV caches this context created (a strategy without any has no draft cache)."""
+        return [c.info.name for c in _owned.get(id(self), [])]
+
     def close(self) -> None:
         for cache in _owned.pop(id(self), []):
             cache.destroy()
@@ -154,6 +159,9 @@ class Strategy:
 
     name = "base"
     capture_layers: tuple = ()   # target layer-input ids whose residual stream this strategy reads
+    # a_1 (share of steps whose first draft is accepted) this draft measured on its own suite,
+    # when it knows one (api.suite_record): the engine warns when live a_1 falls far below it
+    expected_first_acceptance: float | None = None
 
     def begin(self, ctx: StrategyContext) -> None:
         pass

@@ -1,0 +1,186 @@
+"""Self-distillation data: the target's own continuations of a varied prompt mix, with its features.
+
+Prompts come from text already on the machine (no hub download): slices of the Python standard
+library's source (code), its docstrings (facts), and chat / story requests built from them and
+from a small list of subjects, wrapped in the model's chat template. The target continues each
+prompt (greedy for most, T = 0.7 for a quarter, so drafts also learn the sampled distribution's
+mode); every position's captured layer inputs are kept (f16) for the trainers."""
+from __future__ import annotations
+
+import ast
+import random
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from vkdflash.chat import ChatTemplate, chat_prompt_ids
+from vkdflash.model.gguf_file import GGUFFile
+from vkdflash.tokenizer import Tokenizer
+
+SUBJECTS = ("a lighthouse keeper", "a robot who learns to paint", "two rival bakers", "a lost kitten",
+            "a city under the sea", "an old map", "a dragon afraid of fire", "a time traveller's mistake",
+            "a school science fair", "a talking tree", "the last train home", "a chess tournament",
+            "a detective in the rain", "a garden on Mars", "a broken clock", "a friendly ghost")
+TOPICS = ("recursion", "hash tables", "photosynthesis", "the water cycle", "binary search", "gravity",
+          "unit testing", "the French Revolution", "compound interest", "HTTP requests", "sorting algorithms",
+          "volcanoes", "regular expressions", "the immune system", "version control", "prime numbers")
+CHAT_FORMS = ("Explain {} in simple terms.", "Give me three facts about {}.", "Why is {} important?",
+              "How would you teach {} to a child?", "Write a short paragraph about {}.")
+
+
+def stdlib_sources(rng: random.Random, limit: int = 400) -> list[tuple[str, str]]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py"))
+    rng.shuffle(files)
+    out = []
+    for p in files[:limit]:
+        try:
+            out.append((p.stem, p.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError):
+            continue
+    return out
+
+
+def docstrings(module: str, source: str) -> list[tuple[str, str]]:
+    """(qualified name, docstring) of the module's functions and classes."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+            doc = ast.get_docstring(node)
+            if doc and len(doc) > 40:
+                out.append((f"{module}.{node.name}", doc))
+    return out
+
+
+def prompt_mix(n: int, tok: Tokenizer, template: ChatTemplate, seed: int) -> list[tuple[str, list[int]]]:
+    """n (kind, token ids) prompts: ~35% code, ~20% facts, ~30% chat, ~15% stories."""
+    rng = random.Random(seed)
+    sources = stdlib_sources(rng)
+    docs = [d for m, s in sources for d in docstrings(m, s)]
+    out = []
+    while len(out) < n:
+        r = rng.random()
+        if r < 0.35:
+            _, src = rng.choice(sources)
+            lines = src.splitlines()
+            starts = [i for i, line in enumerate(lines) if line.lstrip().startswith(("def ", "class "))] or [0]
+            first = rng.choice(starts)
+            text = "\n".join(lines[first:first + rng.randint(3, 30)]) + "\n"
+            kind, ids = "code", tok.encode(text)
+        elif r < 0.55:
+            name, doc = rng.choice(docs)
+            kind, ids = "facts", tok.encode(doc.split("\n\n")[0])
+        elif r < 0.85:
+            if rng.random() < 0.5:
+                name, doc = rng.choice(docs)
+                ask = rng.choice((f"What does the Python function `{name}` do?",
+                                  f"Write a Python function that does this: {doc.splitlines()[0]}",
+                                  f"Explain this documentation:\n{doc.split(chr(10) * 2)[0]}"))
+            else:
+                ask = rng.choice(CHAT_FORMS).format(rng.choice(TOPICS))
+            kind, ids = "chat", chat_prompt_ids(tok, template, [{"role": "user", "content": ask}])
+        else:
+            subject = rng.choice(SUBJECTS)
+            if rng.random() < 0.5:
+                kind, ids = "story", chat_prompt_ids(
+                    tok, template, [{"role": "user", "content": f"Write a short story about {subject}."}])
+            else:
+                kind, ids = "story", tok.encode(f"Once upon a time, there was {subject}.")
+        if 4 <= len(ids):
+            out.append((kind, ids[:192]))
+    return out
+
+
+@torch.no_grad()
+def generate(target, prompts, n_new: int, capture, batch: int, seed: int, eog=frozenset(), sampled=0.25):
+    """Continue every prompt by up to n_new tokens. Returns (token arrays, prompt lengths, feature
+    arrays [L - 1, len(capture), d] f16: the captured layer inputs of every position fed)."""
+    g = torch.Generator().manual_seed(seed)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    tokens, feats = [None] * len(prompts), [None] * len(prompts)
+    capture = list(capture)
+    for first in tqdm(range(0, len(order), batch), desc="generate", unit="batch"):
+        idx = order[first:first + batch]
+        B, Lp = len(idx), max(len(prompts[i]) for i in idx)
+        pad = torch.tensor([Lp - len(prompts[i]) for i in idx])
+        ids = torch.zeros(B, Lp, dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, pad[r]:] = torch.tensor(prompts[i])
+        S = Lp + n_new
+        cache = target.new_cache(B, S)
+        key_ok = (torch.arange(S)[None, :] >= pad[:, None])  # [B, S]
+        pos = (torch.arange(Lp)[None, :] - pad[:, None]).clamp(min=0)
+        mask = (key_ok[:, None, None, :Lp] & torch.ones(Lp, Lp, dtype=torch.bool).tril()[None, None])
+        mask |= torch.eye(Lp, dtype=torch.bool)[None, None]  # padded rows see themselves (no NaN)
+        temp = (torch.rand(B, generator=g) < sampled).float() * 0.7
+        x, seen = target.forward(ids, pos, mask, cache, 0, capture)
+        row_feats = [torch.stack([seen[c] for c in capture], 2).half()]  # [B, T, C, d]
+        out, done = [], torch.zeros(B, dtype=torch.bool)
+        last = x[:, -1:]
+        for t in range(n_new):
+            nxt = _pick(target.lm_head(last[:, 0]), temp, g)
+            out.append(nxt)
+            done |= torch.tensor([int(v) in eog for v in nxt])
+            if done.all() or t == n_new - 1:
+                break
+            p = Lp + t
+            mask = key_ok[:, None, None, :p + 1]
+            last, seen = target.forward(nxt[:, None], (p - pad)[:, None], mask, cache, p, capture)
+            row_feats.append(torch.stack([seen[c] for c in capture], 2).half())
+        gen = torch.stack(out, 1)
+        allf = torch.cat(row_feats, 1)
+        for r, i in enumerate(idx):
+            g_ids = gen[r].tolist()
+            stop = next((j + 1 for j, v in enumerate(g_ids) if v in eog), len(g_ids))
+            seq = prompts[i] + g_ids[:stop]
+            tokens[i] = np.array(seq, np.int32)
+            feats[i] = allf[r, pad[r]:pad[r] + len(seq) - 1].numpy()
+    return tokens, feats
+
+
+def _pick(logits, temp, g):
+    greedy = logits.argmax(-1)
+    probs = torch.softmax(logits / temp.clamp(min=1e-3)[:, None], -1)
+    sampled = torch.multinomial(probs, 1, generator=g)[:, 0]
+    return torch.where(temp > 0, sampled, greedy)
+
+
+def load_text_tools(model_path):
+    with GGUFFile(model_path) as gf:
+        tok = Tokenizer(gf.metadata)
+        template = ChatTemplate.from_metadata(gf.metadata, tok)
+    return tok, template
+
+
+class Dataset:
+    """What `run.py data` wrote: tokens of sequence i, and the captured layer inputs `layers` of its
+    positions 0..L-2 as [L - 1, len(layers) * d] f16 (memory-mapped)."""
+
+    def __init__(self, root, layers):
+        import json
+        root = Path(root)
+        index = json.loads((root / "index.json").read_text())
+        self.capture = index["capture"]
+        self.slots = [self.capture.index(x) for x in layers]
+        self.lengths = np.array(index["lengths"])
+        self.prompt_lengths = np.array(index["prompt_lengths"])
+        self.kinds = index["kinds"]
+        self._tokens = np.load(root / "tokens.npy")
+        self._feats = np.load(root / "features.npy", mmap_mode="r")
+        self.tok_off = np.concatenate([[0], np.cumsum(self.lengths)])
+        self.feat_off = np.concatenate([[0], np.cumsum(self.lengths - 1)])
+        self.n_feat = len(layers) * self._feats.shape[2]
+
+    def tokens(self, i):
+        return self._tokens[self.tok_off[i]:self.tok_off[i + 1]]
+
+    def feats(self, i):
+        f = self._feats[self.feat_off[i]:self.feat_off[i + 1]][:, self.slots]
+        return f.reshape(len(f), -1)

@@ -1,0 +1,175 @@
+"""Train the shipped drafts for a target: data, then a DFlash draft and an MTP head.
+
+    python tools/train/run.py data   --out DIR [--prompts 1024] [--new 96]
+    python tools/train/run.py dflash --data DIR --out FILE.gguf [--minutes 40]
+    python tools/train/run.py mtp    --data DIR --out FILE.gguf [--minutes 40]
+Needs the [train] extra (torch on the CPU, tqdm). Every step is seeded; a run on the 2-core
+reference machine fits in 2 hours (data ~15 min, each trainer --minutes)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+import torch
+
+from data import generate, load_text_tools, prompt_mix
+from dflash import lr_at
+from target import Target
+
+DFLASH_LAYERS = (2, 10, 18, 26)  # llama.cpp layer-input ids: 4 evenly spaced layers of 30
+
+
+def model_option(f):
+    return click.option("--model", "model_path", default=None, help="target GGUF (default: embedded SmolLM2)")(f)
+
+
+def resolve(model_path):
+    from vkdflash.model.fetch import default_model_path
+    return str(model_path or default_model_path())
+
+
+@click.group()
+@click.option("--threads", default=2, show_default=True, help="torch CPU threads")
+@click.option("--seed", default=0, show_default=True)
+@click.pass_context
+def cli(ctx, threads, seed):
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    ctx.obj = {"seed": seed}
+
+
+@cli.command()
+@model_option
+@click.option("--out", type=click.Path(file_okay=False), required=True)
+@click.option("--prompts", default=1024, show_default=True)
+@click.option("--new", "n_new", default=96, show_default=True, help="tokens generated per prompt")
+@click.option("--batch", default=64, show_default=True)
+@click.pass_context
+def data(ctx, model_path, out, prompts, n_new, batch):
+    """The target's continuations of a prompt mix, with its layer inputs at every position."""
+    path = resolve(model_path)
+    target = Target(path)
+    tok, template = load_text_tools(path)
+    mix = prompt_mix(prompts, tok, template, ctx.obj["seed"])
+    capture = DFLASH_LAYERS + (target.hp.n_layer,)
+    tokens, feats = generate(target, [ids for _, ids in mix], n_new, capture, batch, ctx.obj["seed"], tok.eog_ids)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    lengths = np.array([len(t) for t in tokens])
+    np.save(out / "tokens.npy", np.concatenate(tokens))
+    np.save(out / "features.npy", np.concatenate(feats))
+    (out / "index.json").write_text(json.dumps({
+        "model": path, "capture": list(capture), "lengths": lengths.tolist(),
+        "prompt_lengths": [len(ids) for _, ids in mix], "kinds": [k for k, _ in mix]}))
+    click.echo(f"{len(tokens)} sequences, {lengths.sum()} tokens -> {out}")
+
+
+def train_loop(model, batches, steps: int, lr: float, desc: str):
+    """AdamW with warmup + cosine; batches(step) -> loss, per-position accuracy. Progress via tqdm."""
+    from tqdm import tqdm
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    bar = tqdm(range(steps), desc=desc, unit="step")
+    acc_avg = None
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, lr)
+        loss, acc = batches(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        acc_avg = acc if acc_avg is None else 0.95 * acc_avg + 0.05 * acc
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc=" ".join(f"{a:.2f}" for a in acc_avg[:4].tolist()))
+    return acc_avg
+
+
+@cli.command()
+@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--out", type=click.Path(dir_okay=False), required=True)
+@click.option("--steps", default=1200, show_default=True)
+@click.option("--block", default=8, show_default=True, type=click.Choice(["8", "16"]))
+@click.option("--layers", "n_layer", default=1, show_default=True, help="draft decoder layers")
+@click.option("--seqs", default=8, show_default=True, help="sequences per step")
+@click.option("--anchors", default=16, show_default=True, help="anchors (blocks) per sequence")
+@click.option("--lr", default=3e-4, show_default=True)
+@click.pass_context
+def dflash(ctx, data_dir, out, steps, block, n_layer, seqs, anchors, lr):
+    """Train a DFlash draft on `data` output and write it as a llama.cpp-format GGUF."""
+    from data import Dataset
+    from dflash import Draft, sample_batch, tensors
+    from export import dflash_metadata, target_identity, write
+    block = int(block)
+    ds = Dataset(data_dir, DFLASH_LAYERS)
+    path = json.loads((Path(data_dir) / "index.json").read_text())["model"]
+    target = Target(path)
+    model = Draft(target, DFLASH_LAYERS, n_layer, block)
+    rng = np.random.default_rng(ctx.obj["seed"])
+    acc = train_loop(model, lambda step: model.loss(*sample_batch(ds, rng, seqs, anchors, block)), steps, lr,
+                     "dflash")
+    notes = (f"trained by tools/train/run.py dflash: {steps} steps x {seqs} seqs x {anchors} blocks of {block}, "
+             f"seed {ctx.obj['seed']}, {len(ds.lengths)} self-distilled sequences; train top-1 per position "
+             + " ".join(f"{a:.2f}" for a in acc.tolist()))
+    md = dflash_metadata(target.hp, n_layer, block, DFLASH_LAYERS, model.mask_token, path, notes)
+    write(out, "dflash", md | target_identity(path), tensors(model))
+    click.echo(f"wrote {out}: {notes}")
+
+
+@cli.command()
+@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--out", type=click.Path(dir_okay=False), required=True)
+@click.option("--steps", default=1200, show_default=True)
+@click.option("--seqs", default=6, show_default=True, help="sequences per step")
+@click.option("--rows", default=384, show_default=True, help="LM-head rows per depth per step")
+@click.option("--lr", default=3e-4, show_default=True)
+@click.pass_context
+def mtp(ctx, data_dir, out, steps, seqs, rows, lr):
+    """Train one next-n head on `data` output and write it as an MTP sidecar GGUF."""
+    from data import Dataset
+    from export import mtp_metadata, target_identity, write
+    from mtp import Head, sample_batch, tensors
+    index = json.loads((Path(data_dir) / "index.json").read_text())
+    target = Target(index["model"])
+    ds = Dataset(data_dir, (target.hp.n_layer,))
+    model = Head(target)
+    rng = np.random.default_rng(ctx.obj["seed"])
+    acc = train_loop(model, lambda step: model.loss(*sample_batch(ds, rng, seqs), rows, rng), steps, lr, "mtp")
+    notes = (f"trained by tools/train/run.py mtp: {steps} steps x {seqs} seqs ({rows} rows per depth), seed "
+             f"{ctx.obj['seed']}, {len(ds.lengths)} self-distilled sequences; train top-1 depth 1 {acc[0]:.2f}, "
+             f"depth 2 {acc[1]:.2f}")
+    write(out, "mtp", mtp_metadata(target.hp, notes) | target_identity(index["model"]),
+          tensors(model, target.hp.n_layer))
+    click.echo(f"wrote {out}: {notes}")
+
+
+@cli.command()
+@click.argument("draft", type=click.Path(exists=True, dir_okay=False))
+@click.option("--suite-json", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="`vkdflash bench spec --suite default --json FILE` output")
+@click.option("--strategy", required=True, help="which run of the suite describes this draft (dflash, mtp)")
+def stamp(draft, suite_json, strategy):
+    """Record the suite's greedy f16-cache figures in the draft (the engine's watchdog reads them)."""
+    from gguf import GGUFValueType as VT
+
+    from export import restamp
+    from vkdflash.spec.shipped import FIRST_ACCEPTANCE
+    report = json.loads(Path(suite_json).read_text())
+    run = next((r for r in report["runs"] if r["strategy"] == strategy and r["temp"] == 0
+                and r["cache"] in ("f16", "-")), None)
+    if run is None:
+        raise SystemExit(f"{suite_json} has no greedy f16 run of {strategy}")
+    a1 = run["per_position"][0]
+    note = (f"a_1 {a1:.2f}, acceptance {run['acceptance']:.2f}, tau {run['tau']:.2f} at draft length "
+            f"{run['draft_max']} (suite default: {report['prompts']} prompts x {report['n_gen']} tokens, greedy, "
+            f"f16 draft cache, on {report['device']})")
+    restamp(draft, {FIRST_ACCEPTANCE: (float(a1), VT.FLOAT32),
+                    "vkdflash.suite.acceptance": (float(run["acceptance"]), VT.FLOAT32),
+                    "vkdflash.suite.tau": (float(run["tau"]), VT.FLOAT32),
+                    "vkdflash.suite.note": (note, VT.STRING)})
+    click.echo(f"stamped {draft}: {note}")
+
+
+if __name__ == "__main__":
+    cli()
