@@ -1,6 +1,8 @@
 """The speculative engine: losslessness, oracle acceptance, statistics, fault isolation."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -215,3 +217,25 @@ def test_the_cost_aware_length_stops_drafting_what_is_never_accepted(target):
     assert runs["fixed"].steps >= 20 and runs["fixed"].drafted >= 100 and runs["fixed"].accepted == 0
     assert runs["cost-aware"].drafted <= 2 * 3 and runs["cost-aware"].draft_length["mean_k"] < 0.5
     assert "draft length cost-aware: mean k" in runs["cost-aware"].line()
+
+
+class Recorded(AlwaysWrong):
+    """Never right, while claiming its suite measured a_1 = 0.9 (or nothing)."""
+
+    def __init__(self, expected):
+        self.expected_first_acceptance = expected
+
+
+def test_watchdog_warns_once_when_acceptance_falls_far_below_the_record(target, caplog):
+    model, tok = target
+    with caplog.at_level(logging.WARNING, logger="vkdflash"):
+        run(model, tok, lambda ctx: Recorded(0.9), n=60, draft_max=2)
+    warned = [r.getMessage() for r in caplog.records if "far below" in r.getMessage()]
+    assert len(warned) == 1
+    assert "first-draft acceptance 0.00" in warned[0] and "0.90" in warned[0]
+    assert "K f16, V f16" in warned[0] and "rotation on" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vkdflash"):
+        run(model, tok, lambda ctx: Recorded(None), n=60, draft_max=2)  # no record: nothing to compare
+        run(model, tok, lambda ctx: Recorded(0.9), n=20, draft_max=2)   # too few steps to judge
+    assert not [r for r in caplog.records if "far below" in r.getMessage()]
