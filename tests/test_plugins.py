@@ -27,7 +27,8 @@ pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 def test_every_hook_is_documented_with_its_exact_signature():
     docs = DOCS.read_text()
-    assert HOOKS == ["claim_draft_file", "kv_cache_write", "kv_cache_written", "register_strategies"]
+    assert HOOKS == ["claim_draft_file", "kv_cache_write", "kv_cache_written", "register_strategies",
+                     "shipped_drafts"]
     for name in HOOKS:
         params = ", ".join(inspect.signature(getattr(hookspecs, name)).parameters)
         assert f"### {name}({params})" in docs, name

@@ -3,10 +3,13 @@
 `--spec dflash -md DRAFT.gguf`: the draft reads the target's residual stream at the layers its
 GGUF names (dflash.target_layers), keeps its own KV cache of fused target features (in the draft
 cache types -ctkd/-ctvd, written through the core write hook, so rotated like every cache), and
-drafts up to block_size - 1 tokens in one non-causal pass."""
+drafts up to block_size - 1 tokens in one non-causal pass. Without -md it uses the draft shipped
+in drafts/ for the target, when there is one (trained by tools/train)."""
 from __future__ import annotations
 
-from vkdflash.api import hookimpl
+from pathlib import Path
+
+from vkdflash.api import hookimpl, offer
 
 __version__ = "0.1.0"
 
@@ -19,7 +22,13 @@ def factory(ctx):
 @hookimpl
 def register_strategies(register):
     register("dflash", factory, "DFlash block diffusion: a small draft fed with target hidden states "
-                                "proposes a whole block per pass (-md DRAFT.gguf)", aliases=("draft-dflash",))
+                                "proposes a whole block per pass (-md DRAFT.gguf, or the draft shipped for the "
+                                "default model)", aliases=("draft-dflash",))
+
+
+@hookimpl
+def shipped_drafts(model_file):
+    return offer("dflash", Path(__file__).parent / "drafts", model_file)
 
 
 @hookimpl

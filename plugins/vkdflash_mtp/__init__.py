@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkdflash.api import Proposal, Strategy, VkdflashError, hookimpl, suite_record
+from vkdflash.api import Proposal, Strategy, VkdflashError, hookimpl, offer, suite_record
 
 from .gpu import HeadRunner
-from .heads import NO_HEADS, SIDECAR_ARCH, Heads, find_heads, load_sidecar
+from .heads import NO_HEADS, SHIPPED, SIDECAR_ARCH, Heads, find_heads, load_sidecar
 
 __version__ = "0.1.0"
 __all__ = ["MTP", "NO_HEADS", "Heads", "HeadRunner", "find_heads", "load_sidecar"]
@@ -92,6 +92,13 @@ class MTP(Strategy):
 def register_strategies(register):
     register("mtp", MTP, "next-n (MTP) heads of the target, or of a -md sidecar, drafting autoregressively",
              aliases=("draft-mtp",))
+
+
+@hookimpl
+def shipped_drafts(model_file):
+    if model_file is not None and model_file.hparams.n_nextn:
+        return None  # the target's own heads come first
+    return offer("mtp", SHIPPED, model_file)
 
 
 @hookimpl

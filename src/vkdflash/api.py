@@ -28,7 +28,7 @@ from .model.store import DeviceStore
 from .runtime.graph import Graph
 from .runtime.memory import Buffer, View
 from .spec.drafts import draft_distribution, sample_drafts, select_drafts, top1_probability
-from .spec.shipped import Record, shipped_draft, suite_record
+from .spec.shipped import Record, offer, shipped_draft, suite_record
 from .spec.strategy import KVHandle, Option, Proposal, Strategy, StrategyContext, StrategyOptions
 
 __all__ = [
@@ -36,7 +36,7 @@ __all__ = [
     "hookimpl", "Strategy", "Proposal", "StrategyContext", "StrategyOptions", "Option", "KVHandle", "CacheInfo",
     "select_drafts", "sample_drafts", "draft_distribution", "top1_probability", "VkdflashError",
     # drafts shipped with a plugin for a target, and what they measured
-    "shipped_draft", "suite_record", "Record",
+    "shipped_draft", "suite_record", "offer", "Record",
     # recording GPU work: graphs, memory, weights, kernels
     "Graph", "Buffer", "View", "DeviceStore", "Weight", "matmul", "rms_norm", "rope", "get_rows",
     "add", "mul", "scale", "swiglu", "softmax", "argmax", "copy", "MAX_HEAD_DIM",

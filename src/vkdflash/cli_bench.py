@@ -84,7 +84,7 @@ def bench_model(n_prompt, n_gen, json_path, with_profile, with_curve, model_path
 @click.option("--suite-temps", default="0,0.7", show_default=True, metavar="T,...",
               help="Temperatures (T > 0 runs with the f16 draft cache, seeded per prompt).")
 @click.option("--suite-prompts", default=len(PROMPTS), show_default=True, type=click.IntRange(1, len(PROMPTS)),
-              help="Use the first N prompts (code first, then chat, then story).")
+              help="Use the first N prompts (code, chat and story in turn).")
 @model_options
 @spec_options
 def bench_spec(prompt, n_gen, json_path, suite, suite_runs, suite_cache_types, suite_temps, suite_prompts, model_path,

@@ -6,12 +6,15 @@ options a strategy declared."""
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 
 import click
 
 from .errors import VkdflashError
 from .kernels.types import CACHE_TYPES
+
+log = logging.getLogger("vkdflash")
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,23 @@ class SpecRequest:
                                 "choose one with --spec")
         return name
 
+    def resolve_for(self, model_file) -> str:
+        """resolve(), except that with neither --spec nor -md a draft shipped for this target is
+        used (the best recorded tau): the cost-aware draft length then drafts only where that
+        measures faster on the device, so the default is on where it pays and off where not."""
+        if self.spec or self.draft_model:
+            return self.resolve()
+        from .plugins import shipped
+        found = shipped(model_file)
+        if not found:
+            return "none"
+        best = found[0]
+        tau = f", suite tau {best['tau']:.2f}" if best.get("tau") else ""
+        log.info("speculation on by default: %s with the draft shipped for this model (%s%s); %s", best["strategy"],
+                 best["path"], tau, "the draft length follows the measured cost on this device (--draft-fixed: "
+                 "always draft; --spec none: off)" if not self.draft_fixed else "--draft-fixed: always drafting")
+        return best["strategy"]
+
     def settings(self, name: str) -> dict:
         """The chosen strategy's option values; an option for another strategy is an error."""
         from .plugins import lookup
@@ -70,7 +90,8 @@ def spec_options(f):
     opts = [
         click.option("--spec", "spec", default=None, metavar="NAME",
                      help="Speculative strategy: none or any plugin's (see `vkdflash plugins`). "
-                          "Default: the strategy that claims the -md file, else none."),
+                          "Default: the strategy that claims the -md file, else one with a draft shipped for "
+                          "the model (drafting only where it measures faster), else none."),
         click.option("--spec-type", "spec_type", default=None, metavar="TYPE",
                      help="llama.cpp spelling (draft-dflash, draft-mtp, none): any strategy alias."),
         click.option("-md", "--model-draft", "--spec-draft-model", "draft_model", default=None,

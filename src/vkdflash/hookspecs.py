@@ -32,6 +32,14 @@ def claim_draft_file(path, metadata) -> str | None:
 
 
 @hookspec
+def shipped_drafts(model_file) -> list | None:
+    """Drafts your plugin ships for this target (a `ModelFile`): a list of
+    `{"strategy": name, "path": draft file, "tau": tau its suite measured or None}`, or None.
+    With neither `--spec` nor `-md`, `generate` speculates with the one of highest tau (the
+    cost-aware draft length then drafts only where it measures faster on the device)."""
+
+
+@hookspec
 def kv_cache_write(cache, graph, layer, k_rows, v_rows, positions, n_rows) -> None:
     """THE core cache-write hook: every KV cache write in vkdflash is a call of it.
 

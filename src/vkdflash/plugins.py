@@ -217,6 +217,17 @@ def lookup(name: str) -> Registered:
     raise VkdflashError(f"unknown speculative strategy {name[:40]!r}; available: none, {', '.join(sorted(found))}")
 
 
+def shipped(model_file) -> list:
+    """Every draft a plugin ships for this target (shipped_drafts), best recorded tau first."""
+    found = []
+    for impl in _well_shaped("shipped_drafts"):
+        try:
+            found += list(_call(impl, {"model_file": model_file}) or [])
+        except Exception as exc:
+            _evict(impl, f"its shipped_drafts raised {_brief(exc)}")
+    return sorted(found, key=lambda d: -(d.get("tau") or 0.0))
+
+
 def claim(path, metadata: dict) -> str | None:
     """The strategy a plugin claims the draft file for (claim_draft_file), or None."""
     for impl in _well_shaped("claim_draft_file"):

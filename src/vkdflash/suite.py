@@ -47,8 +47,16 @@ class Prompt:
     chat: bool   # wrapped in the model's chat template as a user message
 
 
-PROMPTS = tuple([Prompt("code", t, False) for t in CODE] + [Prompt("chat", t, True) for t in CHAT]
-                + [Prompt("story", t, True) for t in STORY_CHAT] + [Prompt("story", t, False) for t in STORY_TEXT])
+def _round_robin(*groups):
+    """Interleaved, so the first N prompts (--suite-prompts N) cover every kind."""
+    out, groups = [], [list(g) for g in groups]
+    while any(groups):
+        out += [g.pop(0) for g in groups if g]
+    return tuple(out)
+
+
+PROMPTS = _round_robin([Prompt("code", t, False) for t in CODE], [Prompt("chat", t, True) for t in CHAT],
+                       [Prompt("story", t, True) for t in STORY_CHAT] + [Prompt("story", t, False) for t in STORY_TEXT])
 
 
 def prompt_ids(prompt: Prompt, tokenizer, template) -> list:

@@ -36,6 +36,16 @@ def shipped_draft(directory, target_file) -> str | None:
     return None
 
 
+def offer(strategy: str, directory, model_file) -> list:
+    """A plugin's shipped_drafts answer: [{"strategy", "path", "tau"}] or []."""
+    path = shipped_draft(directory, model_file)
+    if path is None:
+        return []
+    with GGUFFile(path) as f:
+        tau = f.metadata.get("vkdflash.suite.tau")
+    return [{"strategy": strategy, "path": path, "tau": float(tau) if isinstance(tau, (int, float)) else None}]
+
+
 def suite_record(metadata: dict) -> Record:
     """What a draft recorded about itself (nothing for a draft made elsewhere)."""
     a1 = metadata.get(FIRST_ACCEPTANCE)
