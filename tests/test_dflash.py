@@ -375,3 +375,16 @@ def test_sampling_dflash_draws_from_its_distributions_and_hands_them_over(ctx0, 
         np.testing.assert_allclose(prop.probs, draft_distribution(logits[:len(prop.tokens)], 2.0), rtol=1e-12)
         off_argmax += sum(t != int(np.argmax(row)) for t, row in zip(prop.tokens, logits))
     assert off_argmax > 0  # sampled, not greedy: a random draft at T 2 is rarely sure of anything
+
+
+def test_one_speculator_serves_request_after_request(ctx0, target, files):
+    """The suite and a server reuse a speculator: each request starts from nothing committed
+    (a second request once found the first one's tokens and switched the strategy off)."""
+    model = Model(ctx0, target, n_ctx=128)
+    stats = SpecStats()
+    spec = Speculator(model, "dflash", factory, StrategyOptions(draft_model=str(files["draft"]), draft_max=4), stats)
+    for prompt in (PROMPT, PROMPT[:5], PROMPT[3:]):
+        assert generate_ids(model, prompt, 12, spec) == generate_ids(model, prompt, 12)
+        assert stats.disabled == ""
+    spec.close()
+    model.close()

@@ -116,5 +116,6 @@ def table(report: dict) -> str:
         taus = [f"{pk.get(kind, {}).get('tau', 0.0):>{w}.2f}" for kind, w in (("code", 8), ("chat", 8), ("story", 9))]
         lines.append(f"{r['strategy']:<8} {r['cache']:<7} {r['temp']:>4.1f} {r['draft_max']:>3} "
                      f"{r.get('acceptance', 0.0):>7.3f} {r.get('tau', 0.0):>5.2f} {' '.join(taus)} "
-                     f"{r['decode_tps']:>6.1f} {r['speedup']:>6.2f}x")
+                     f"{r['decode_tps']:>6.1f} {r['speedup']:>6.2f}x"
+                     + (f"  SWITCHED OFF: {r['disabled'][:60]}" if r.get("disabled") else ""))
     return "\n".join(lines)

@@ -112,6 +112,7 @@ class Speculator:
         """Yield generated token ids, committing speculatively; `budget` bounds drafting."""
         model, cache = self.model, self.model.cache
         model.reset()
+        self.ctx.tokens = []  # a new request: nothing committed yet (a speculator serves many)
         self.ctx.temperature, self.ctx.seed = sampler.temp, sampler.seed
         t0 = time.perf_counter()
         out = model.forward(prompt_ids, capture=self.capture)
