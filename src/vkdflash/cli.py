@@ -171,7 +171,7 @@ def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, sto
              f"temp {temp}, top-k {top_k}, top-p {top_p}, min-p {min_p}, seed {seed}")
     from .spec import SpecStats
     stats, spec_stats = Stats(), SpecStats()
-    name = spec_request.resolve_for(model.mf)
+    name = spec_request.resolve_for(model.mf, model.ctx.features.device_type)
     speculator = build_speculator(model, spec_request, name, not no_kv_rotation, spec_stats)
     if not chat:
         click.echo(text, nl=False)

@@ -45,14 +45,23 @@ class SpecRequest:
                                 "choose one with --spec")
         return name
 
-    def resolve_for(self, model_file) -> str:
-        """resolve(), except that with neither --spec nor -md a draft shipped for this target is
-        used (the best recorded tau): the cost-aware draft length then drafts only where that
-        measures faster on the device, so the default is on where it pays and off where not."""
+    def resolve_for(self, model_file, device_type: str) -> str:
+        """resolve(), except that with neither --spec nor -md a draft shipped for this target may
+        run (the best recorded tau) under the cost-aware draft length. On a GPU verifying a block
+        costs about one decode step, so that is on; on a CPU device only a draft whose recorded
+        bench figure there beat plain decoding is (a strategy's per-step bookkeeping costs even
+        when the length controller drafts nothing)."""
         if self.spec or self.draft_model:
             return self.resolve()
         from .plugins import shipped
         found = shipped(model_file)
+        if device_type == "cpu":
+            slow = [f"{d['strategy']} {d['cpu_speedup']:.2f}x" if d.get("cpu_speedup") else f"{d['strategy']} unmeasured"
+                    for d in found if not (d.get("cpu_speedup") or 0) > 1.0]
+            found = [d for d in found if (d.get("cpu_speedup") or 0) > 1.0]
+            if not found and slow:
+                log.info("speculation off by default: on a CPU device the drafts shipped for this model measured %s "
+                         "of plain decoding (vkdflash bench spec); --spec NAME runs one anyway", ", ".join(slow))
         if not found:
             return "none"
         best = found[0]

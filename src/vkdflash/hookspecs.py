@@ -33,10 +33,11 @@ def claim_draft_file(path, metadata) -> str | None:
 
 @hookspec
 def shipped_drafts(model_file) -> list | None:
-    """Drafts your plugin ships for this target (a `ModelFile`): a list of
-    `{"strategy": name, "path": draft file, "tau": tau its suite measured or None}`, or None.
-    With neither `--spec` nor `-md`, `generate` speculates with the one of highest tau (the
-    cost-aware draft length then drafts only where it measures faster on the device)."""
+    """Drafts your plugin ships for this target (a `ModelFile`): a list of `{"strategy": name,
+    "path": draft file, "tau": suite tau or None, "cpu_speedup": bench speedup on a CPU device or
+    None}` (api.offer builds it), or None. With neither `--spec` nor `-md`, `generate` speculates
+    with the one of highest tau under the cost-aware length (on a CPU device only if its
+    cpu_speedup is above 1)."""
 
 
 @hookspec

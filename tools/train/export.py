@@ -118,4 +118,5 @@ def restamp(path, extra: dict) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    os.chmod(tmp, 0o644)  # mkstemp makes it private; a shipped file is read by every user
     os.replace(tmp, path)

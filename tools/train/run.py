@@ -149,12 +149,15 @@ def mtp(ctx, data_dir, out, steps, seqs, rows, lr):
 @click.option("--suite-json", type=click.Path(exists=True, dir_okay=False), required=True,
               help="`vkdflash bench spec --suite default --json FILE` output")
 @click.option("--strategy", required=True, help="which run of the suite describes this draft (dflash, mtp)")
-def stamp(draft, suite_json, strategy):
+@click.option("--cpu-speedup", type=float, default=None,
+              help="`vkdflash bench spec --spec NAME` speedup (cost-aware) on a CPU device: above 1, generate "
+                   "uses the draft by default there")
+def stamp(draft, suite_json, strategy, cpu_speedup):
     """Record the suite's greedy f16-cache figures in the draft (the engine's watchdog reads them)."""
     from gguf import GGUFValueType as VT
 
     from export import restamp
-    from vkdflash.spec.shipped import FIRST_ACCEPTANCE
+    from vkdflash.spec.shipped import CPU_SPEEDUP, FIRST_ACCEPTANCE
     report = json.loads(Path(suite_json).read_text())
     run = next((r for r in report["runs"] if r["strategy"] == strategy and r["temp"] == 0
                 and r["cache"] in ("f16", "-")), None)
@@ -162,12 +165,13 @@ def stamp(draft, suite_json, strategy):
         raise SystemExit(f"{suite_json} has no greedy f16 run of {strategy}")
     a1 = run["per_position"][0]
     note = (f"a_1 {a1:.2f}, acceptance {run['acceptance']:.2f}, tau {run['tau']:.2f} at draft length "
-            f"{run['draft_max']} (suite default: {report['prompts']} prompts x {report['n_gen']} tokens, greedy, "
+            f"{len(run['per_position'])} (suite default: {report['prompts']} prompts x {report['n_gen']} tokens, greedy, "
             f"f16 draft cache, on {report['device']})")
     restamp(draft, {FIRST_ACCEPTANCE: (float(a1), VT.FLOAT32),
                     "vkdflash.suite.acceptance": (float(run["acceptance"]), VT.FLOAT32),
                     "vkdflash.suite.tau": (float(run["tau"]), VT.FLOAT32),
-                    "vkdflash.suite.note": (note, VT.STRING)})
+                    "vkdflash.suite.note": (note, VT.STRING)}
+             | ({CPU_SPEEDUP: (cpu_speedup, VT.FLOAT32)} if cpu_speedup is not None else {}))
     click.echo(f"stamped {draft}: {note}")
 
 

@@ -14,6 +14,7 @@ from ..model.gguf_file import GGUFFile
 
 TARGET_NAME, TARGET_SIZE = "vkdflash.target.name", "vkdflash.target.size"
 FIRST_ACCEPTANCE = "vkdflash.suite.first_acceptance"  # a_1: verify steps whose first draft was accepted
+CPU_SPEEDUP = "vkdflash.bench.cpu_speedup"  # bench spec (cost-aware) against --spec none on a CPU device
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,9 @@ def offer(strategy: str, directory, model_file) -> list:
     if path is None:
         return []
     with GGUFFile(path) as f:
-        tau = f.metadata.get("vkdflash.suite.tau")
-    return [{"strategy": strategy, "path": path, "tau": float(tau) if isinstance(tau, (int, float)) else None}]
+        tau, cpu = f.metadata.get("vkdflash.suite.tau"), f.metadata.get(CPU_SPEEDUP)
+    number = lambda x: float(x) if isinstance(x, (int, float)) else None  # noqa: E731
+    return [{"strategy": strategy, "path": path, "tau": number(tau), "cpu_speedup": number(cpu)}]
 
 
 def suite_record(metadata: dict) -> Record:
