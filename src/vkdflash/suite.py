@@ -114,7 +114,8 @@ def table(report: dict) -> str:
     for r in report["runs"]:
         pk = r.get("per_kind", {})
         taus = [f"{pk.get(kind, {}).get('tau', 0.0):>{w}.2f}" for kind, w in (("code", 8), ("chat", 8), ("story", 9))]
-        lines.append(f"{r['strategy']:<8} {r['cache']:<7} {r['temp']:>4.1f} {r['draft_max']:>3} "
+        k = len(r.get("per_position") or []) or r["draft_max"]  # what it drafted at most: a strategy may clamp
+        lines.append(f"{r['strategy']:<8} {r['cache']:<7} {r['temp']:>4.1f} {k:>3} "
                      f"{r.get('acceptance', 0.0):>7.3f} {r.get('tau', 0.0):>5.2f} {' '.join(taus)} "
                      f"{r['decode_tps']:>6.1f} {r['speedup']:>6.2f}x"
                      + (f"  SWITCHED OFF: {r['disabled'][:60]}" if r.get("disabled") else ""))
