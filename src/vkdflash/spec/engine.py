@@ -52,7 +52,6 @@ class Speculator:
         self.control = control or DraftController(options.draft_max, {1: 1.0}, fixed=True)
         self._seen: set = set()  # (asked, drafted) shapes run once: their graphs exist
         self._warned = False
-        self.options = options
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
         self.strategy = None
@@ -163,7 +162,7 @@ class Speculator:
         live = st.per_position[0] / st.steps
         if live < WATCH_RATIO * expected:
             self._warned = True
-            o = self.options
+            o = self.ctx.options
             log.warning("%s: first-draft acceptance %.2f after %d steps is far below the %.2f this draft measured "
                         "on its suite; likely causes: the draft cache types (K %s, V %s), KV rotation %s, sampling "
                         "at T %.2g, or prompts unlike its training data", st.strategy, live, st.steps, expected,
