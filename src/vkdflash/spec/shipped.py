@@ -23,8 +23,8 @@ class Record:
     note: str                        # how it was measured, for the log
 
 
-def shipped_draft(directory, target_file) -> str | None:
-    """Path of a GGUF in `directory` made for this target (a ModelFile), or None."""
+def _find(directory, target_file):
+    """(path, metadata) of the GGUF in `directory` made for this target (a ModelFile), or None."""
     if target_file is None:
         return None
     name = target_file.metadata.get("general.name")
@@ -33,17 +33,23 @@ def shipped_draft(directory, target_file) -> str | None:
         with GGUFFile(path) as f:
             md = f.metadata
             if md.get(TARGET_NAME) == name and md.get(TARGET_SIZE) == size:
-                return os.fspath(path)
+                return os.fspath(path), dict(md)
     return None
 
 
+def shipped_draft(directory, target_file) -> str | None:
+    """Path of a GGUF in `directory` made for this target (a ModelFile), or None."""
+    found = _find(directory, target_file)
+    return found[0] if found else None
+
+
 def offer(strategy: str, directory, model_file) -> list:
-    """A plugin's shipped_drafts answer: [{"strategy", "path", "tau"}] or []."""
-    path = shipped_draft(directory, model_file)
-    if path is None:
+    """A plugin's shipped_drafts answer: [{"strategy", "path", "tau", "cpu_speedup"}] or []."""
+    found = _find(directory, model_file)
+    if found is None:
         return []
-    with GGUFFile(path) as f:
-        tau, cpu = f.metadata.get("vkdflash.suite.tau"), f.metadata.get(CPU_SPEEDUP)
+    path, md = found
+    tau, cpu = md.get("vkdflash.suite.tau"), md.get(CPU_SPEEDUP)
     number = lambda x: float(x) if isinstance(x, (int, float)) else None  # noqa: E731
     return [{"strategy": strategy, "path": path, "tau": number(tau), "cpu_speedup": number(cpu)}]
 
