@@ -99,15 +99,15 @@ def failure(path, sidecar: bool = False, target=None) -> str:
 
 @pytest.mark.parametrize("knobs, words", [
     (dict(metadata={"llama.nextn_predict_layers": (3, VT.UINT32)}), "nextn_predict_layers = 3 is out of range"),
-    (dict(metadata={"llama.nextn_predict_layers": DROP}), "unexpected tensor blk.2."),
+    (dict(metadata={"llama.nextn_predict_layers": DROP}), "unexpected tensor 'blk.2."),
     (dict(metadata={"llama.nextn.hidden": ("middle", VT.STRING)}), "must be one of prenorm, postnorm"),
     (dict(metadata={"llama.nextn.hidden": (1, VT.UINT32)}), "nextn.hidden should be a string"),
     (dict(drop=["blk.2.nextn.eh_proj.weight"]), "missing tensor blk.2.nextn.eh_proj.weight"),
     (dict(drop=["blk.2.attn_k.weight"]), "missing tensor blk.2.attn_k.weight"),
     (dict(shapes={"blk.2.nextn.eh_proj.weight": (128, 128)}), "blk.2.nextn.eh_proj.weight has shape [128, 128]"),
     (dict(own_embed=True, shapes={"blk.2.nextn.embed_tokens.weight": (128, 100)}), "embed_tokens.weight has shape"),
-    (dict(extra={"blk.2.nextn.bogus.weight": (128,)}), "unexpected tensor blk.2.nextn.bogus.weight"),
-    (dict(extra={"blk.3.nextn.eh_proj.weight": (256, 128)}), "unexpected tensor blk.3.nextn.eh_proj.weight"),
+    (dict(extra={"blk.2.nextn.bogus.weight": (128,)}), "unexpected tensor 'blk.2.nextn.bogus.weight'"),
+    (dict(extra={"blk.3.nextn.eh_proj.weight": (256, 128)}), "unexpected tensor 'blk.3.nextn.eh_proj.weight'"),
 ], ids=["count-too-big", "count-missing", "hidden-value", "hidden-type", "no-eh_proj", "no-attn_k",
         "eh_proj-shape", "embed-shape", "bogus-tensor", "second-head-undeclared"])
 def test_malformed_target_heads_are_one_line_errors(tmp_path, knobs, words):
@@ -123,7 +123,7 @@ def test_malformed_target_heads_are_one_line_errors(tmp_path, knobs, words):
     (dict(metadata={"mtp.nextn.hidden": ("late", VT.STRING)}), "must be one of prenorm, postnorm"),
     (dict(drop=["blk.2.nextn.hnorm.weight"]), "missing tensor blk.2.nextn.hnorm.weight"),
     (dict(shapes={"blk.2.ffn_up.weight": (128, 64)}), "ffn_up.weight has shape"),
-    (dict(extra={"token_embd.weight": (128, 277)}), "unexpected tensor token_embd.weight"),
+    (dict(extra={"token_embd.weight": (128, 277)}), "unexpected tensor 'token_embd.weight'"),
 ], ids=["arch", "target-arch", "width", "block-count", "no-count", "hidden", "no-hnorm", "shape", "extra"])
 def test_malformed_sidecars_are_one_line_errors(files, tmp_path, knobs, words):
     target = load_model(files["plain"]).hparams

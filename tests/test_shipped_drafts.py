@@ -14,6 +14,7 @@ from vkdflash.chat import ChatTemplate
 from vkdflash.generate import Stats, generate
 from vkdflash.model import default_model_path, load_model
 from vkdflash.model.forward import Model
+from vkdflash.model.metadata import Metadata
 from vkdflash.sampling import Sampler
 from vkdflash.spec import SpecStats, StrategyOptions
 from vkdflash.spec.engine import Speculator
@@ -114,7 +115,7 @@ def test_shipped_drafts_record_their_suite_acceptance(smollm2, name):
     finally:
         spec.close()
     assert expected is not None and 0.1 <= expected <= 1.0
-    assert suite_record({}).first_acceptance is None  # a draft made elsewhere records nothing
+    assert suite_record(Metadata({}, {})).first_acceptance is None  # a draft made elsewhere records nothing
 
 
 def test_default_speculation_follows_the_measured_speedup_and_dflash_needs_no_md(caplog):

@@ -69,7 +69,7 @@ def test_spec_type_takes_any_alias_and_unknown_names_are_refused(model):
 def test_a_draft_file_no_plugin_claims_is_a_one_line_error(model):
     from gguf_fixtures import TOKENIZER_DATA
     vocab_only = str(TOKENIZER_DATA / "ggml-vocab-gpt-2.gguf")
-    one_line_error(generate(model, "-md", vocab_only), "no strategy plugin recognizes", "architecture gpt2", "--spec")
+    one_line_error(generate(model, "-md", vocab_only), "no strategy plugin recognizes", "architecture 'gpt2'", "--spec")
 
 
 def test_a_third_party_plugin_claims_a_draft_file(model, caplog):

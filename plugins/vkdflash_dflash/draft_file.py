@@ -10,17 +10,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from gguf.constants import GGUFValueType as VT
-
-from vkdflash.api import (MAX_EMBD, MAX_LAYERS, MAX_VOCAB, GGUFFile, Metadata, TensorData, VkdflashError,
-                          check_tensors, read_heads)
+from vkdflash.api import (MAX_EMBD, MAX_LAYERS, MAX_VOCAB, RMS_EPS, ROPE_BASE, GGUFFile, TensorData, VkdflashError,
+                          check_tensors, quote, read_heads)
 
 ARCH = "dflash"
 DEFAULT_BLOCK_SIZE = 16
 MAX_BLOCK_SIZE = 64  # one propose pass must fit the engine's batch
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-_INT_ITEMS = {VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64}
 
 
 @dataclass(frozen=True)
@@ -45,28 +42,25 @@ class DFlashHParams:
 
 
 def read_hparams(gguf: GGUFFile) -> DFlashHParams:
-    md, vt = gguf.metadata, gguf.value_types
-    m = Metadata(md, vt)
+    m = gguf.metadata
     arch = m.str("general.architecture")
     if arch != ARCH:
-        raise VkdflashError(f"general.architecture is {arch!r}, a DFlash draft has {ARCH!r}")
+        raise VkdflashError(f"general.architecture is {quote(arch)}, a DFlash draft has {ARCH!r}")
     n_embd = m.int(f"{ARCH}.embedding_length", 32, MAX_EMBD)
     n_head, n_head_kv, head_dim = read_heads(m, ARCH, n_embd, min_head_dim=32)
     if head_dim % 32:
         raise VkdflashError(f"head dimension {head_dim} must be a multiple of 32 (attention kernel)")
-    key = f"{ARCH}.target_layers"
-    if key not in md:
-        raise VkdflashError(f"missing metadata key {key}")
-    if not (isinstance(vt[key], tuple) and vt[key][1] in _INT_ITEMS) or len(md[key]) == 0:
-        raise VkdflashError(f"metadata {key} must be a non-empty array of integers")
+    target_layers = m.ints(f"{ARCH}.target_layers", 0, MAX_LAYERS, max_count=MAX_LAYERS)
+    if not len(target_layers):
+        raise VkdflashError(f"metadata {ARCH}.target_layers is empty")
     block_size = m.int(f"{ARCH}.block_size", 2, MAX_BLOCK_SIZE, default=DEFAULT_BLOCK_SIZE)
     names = gguf.tensors
     return DFlashHParams(
         n_layer=m.int(f"{ARCH}.block_count", 1, MAX_LAYERS), n_embd=n_embd,
         n_ff=m.int(f"{ARCH}.feed_forward_length", 32, 16 * MAX_EMBD), n_head=n_head, n_head_kv=n_head_kv,
-        head_dim=head_dim, rms_eps=m.float(f"{ARCH}.attention.layer_norm_rms_epsilon"),
-        rope_base=m.float(f"{ARCH}.rope.freq_base", default=10000.0), block_size=block_size,
-        target_layers=tuple(int(x) for x in md[key]),
+        head_dim=head_dim, rms_eps=m.float(f"{ARCH}.attention.layer_norm_rms_epsilon", *RMS_EPS),
+        rope_base=m.float(f"{ARCH}.rope.freq_base", *ROPE_BASE, default=10000.0), block_size=block_size,
+        target_layers=tuple(int(x) for x in target_layers),
         mask_token_id=m.int("tokenizer.ggml.mask_token_id", 0, MAX_VOCAB),
         own_embd="token_embd.weight" in names, own_output="output.weight" in names)
 

@@ -26,8 +26,9 @@ import logging
 from pathlib import Path
 
 from vkdflash.api import MAX_HEAD_DIM as ATTN_MAX_HEAD_DIM
-from vkdflash.api import (ARCHITECTURES, MAX_EMBD, MAX_LAYERS, GGUFFile, Metadata, ModelFile, TensorData, VkdflashError,
-                          check_tensors, nextn_hidden, nextn_tensors, read_heads, shipped_draft)
+from vkdflash.api import (ARCHITECTURES, MAX_EMBD, MAX_LAYERS, MAX_VOCAB, RMS_EPS, ROPE_BASE, GGUFFile, ModelFile,
+                          TensorData, VkdflashError, check_tensors, nextn_hidden, nextn_tensors, quote, read_heads,
+                          shipped_draft)
 
 log = logging.getLogger("vkdflash")
 SIDECAR_ARCH = "mtp"
@@ -101,12 +102,12 @@ def check_runnable(hp) -> None:
 def load_sidecar(path, target_hp) -> Heads:
     gf = GGUFFile(path)
     try:
-        arch = gf.metadata.get("general.architecture")
+        arch = gf.metadata.str("general.architecture")
         if arch in ARCHITECTURES:
             gf.close()
             return _from_model_file(ModelFile(path), target_hp)
         if arch != SIDECAR_ARCH:
-            raise VkdflashError(f"general.architecture is {arch!r}: an MTP sidecar has {SIDECAR_ARCH!r} "
+            raise VkdflashError(f"general.architecture is {quote(arch)}: an MTP sidecar has {SIDECAR_ARCH!r} "
                                 f"(or is a {'/'.join(ARCHITECTURES)} model carrying next-n heads)")
         hp, count, hidden = _sidecar_hparams(gf, target_hp)
         required, optional = nextn_tensors(hp, hp.n_layer, count)
@@ -141,10 +142,10 @@ def _check_fits(arch: str, n_embd: int, n_vocab: int, target_hp, path) -> None:
 
 
 def _sidecar_hparams(gf: GGUFFile, target_hp):
-    m, a = Metadata(gf.metadata, gf.value_types), SIDECAR_ARCH
+    m, a = gf.metadata, SIDECAR_ARCH
     arch = m.str(f"{a}.target_architecture")
     n_embd = m.int(f"{a}.embedding_length", 1, MAX_EMBD)
-    n_vocab = m.int(f"{a}.vocab_size", 1, 1 << 22, default=target_hp.n_vocab)
+    n_vocab = m.int(f"{a}.vocab_size", 1, MAX_VOCAB, default=target_hp.n_vocab)
     _check_fits(arch, n_embd, n_vocab, target_hp, gf.path)
     n_block = m.int(f"{a}.block_count", 2, MAX_LAYERS)
     count = m.int(f"{a}.nextn_predict_layers", 1, n_block - 1)
@@ -155,7 +156,7 @@ def _sidecar_hparams(gf: GGUFFile, target_hp):
     hp = dataclasses.replace(
         target_hp, n_layer=target_hp.n_layer, n_ff=m.int(f"{a}.feed_forward_length", 1, 16 * MAX_EMBD),
         n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
-        rms_eps=m.float(f"{a}.attention.layer_norm_rms_epsilon"),
-        rope_base=m.float(f"{a}.rope.freq_base", default=10000.0), n_nextn=count,
+        rms_eps=m.float(f"{a}.attention.layer_norm_rms_epsilon", *RMS_EPS),
+        rope_base=m.float(f"{a}.rope.freq_base", *ROPE_BASE, default=10000.0), n_nextn=count,
         nextn_hidden=nextn_hidden(m, a))
     return hp, count, hp.nextn_hidden

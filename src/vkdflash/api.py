@@ -7,7 +7,7 @@ The built-in plugins (ngram, dflash, mtp) import nothing else, and a test keeps 
 docs/plugins.md is the tutorial and the reference for every name below."""
 from __future__ import annotations
 
-from .errors import VkdflashError
+from .errors import VkdflashError, quote
 from .hookspecs import hookimpl
 from .kernels.attention import MAX_HEAD_DIM
 from .kernels.blocks import dequantize, quantize
@@ -23,7 +23,9 @@ from .kernels.weights import Weight
 from .kv_cache import CacheInfo
 from .model.block import BlockBuffers, BlockShape, BlockWeights, project, record_block, write_kv
 from .model.gguf_file import GGUFFile, ModelFile, TensorData, check_tensors, load_model, nextn_tensors
-from .model.hparams import ARCHITECTURES, MAX_EMBD, MAX_LAYERS, MAX_VOCAB, HParams, Metadata, nextn_hidden, read_heads
+from .model.hparams import (ARCHITECTURES, MAX_EMBD, MAX_LAYERS, MAX_VOCAB, RMS_EPS, ROPE_BASE, HParams, nextn_hidden,
+                            read_heads)
+from .model.metadata import Metadata
 from .model.store import DeviceStore
 from .runtime.graph import Graph
 from .runtime.memory import Buffer, View
@@ -45,5 +47,6 @@ __all__ = [
     # GGUF files and their tensors
     "GGUFFile", "ModelFile", "load_model", "TensorData", "check_tensors", "nextn_tensors", "HParams",
     "Metadata", "read_heads", "nextn_hidden", "ARCHITECTURES", "MAX_EMBD", "MAX_LAYERS", "MAX_VOCAB",
+    "RMS_EPS", "ROPE_BASE", "quote",
     "TensorType", "get_type", "CACHE_TYPES", "quantize", "dequantize",
 ]

@@ -80,13 +80,16 @@ def devices(as_json: bool) -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 def inspect(path) -> None:
     """Show a GGUF file's metadata and tensors, and whether vkdflash can run it."""
+    from gguf import GGUFValueType
+
     from .model import GGUFFile, inspect_file
     text, problem = inspect_file(path)
     click.echo(text)
     if problem:
         from .plugins import claim, lookup
         with GGUFFile(path) as f:
-            name = claim(path, dict(f.metadata))
+            draft = f.metadata.types.get("general.architecture") == GGUFValueType.STRING  # else `problem` says why
+            name = claim(path, f.metadata) if draft else None
         if name is not None:  # not a model to run on its own, but a draft for one
             click.echo(f"a draft for --spec {name} ({lookup(name).description}): "
                        f"use it with -md {path} next to its target model")

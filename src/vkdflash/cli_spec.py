@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import click
 
-from .errors import VkdflashError
+from .errors import VkdflashError, quote
 from .kernels.types import CACHE_TYPES
 
 log = logging.getLogger("vkdflash")
@@ -37,11 +37,14 @@ class SpecRequest:
             return "none"
         from .model import GGUFFile
         with GGUFFile(self.draft_model) as f:
-            metadata = dict(f.metadata)
+            metadata = f.metadata
+        try:
+            arch = metadata.str("general.architecture", default="?")
+        except VkdflashError as exc:
+            raise VkdflashError(f"{self.draft_model}: {exc}") from None
         name = claim(self.draft_model, metadata)
         if name is None:
-            arch = str(metadata.get("general.architecture", "?"))[:40]
-            raise VkdflashError(f"no strategy plugin recognizes {self.draft_model} (architecture {arch}); "
+            raise VkdflashError(f"no strategy plugin recognizes {self.draft_model} (architecture {quote(arch)}); "
                                 "choose one with --spec")
         return name
 

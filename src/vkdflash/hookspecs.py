@@ -27,7 +27,8 @@ def claim_draft_file(path, metadata) -> str | None:
     """Say which of your strategies runs a draft file: `-md PATH` without `--spec` asks every
     plugin, and the first strategy name returned is used (None: not yours).
 
-    path: the file; metadata: its GGUF key/values (dict; e.g. metadata["general.architecture"]).
+    path: the file; metadata: its GGUF key/values (a read-only mapping, `api.Metadata`, with typed
+    reads such as metadata.str(key, default=None); general.architecture, when present, is a str).
     The core names no strategy itself. A claim that raises is unregistered with a warning."""
 
 

@@ -223,16 +223,22 @@ def shipped(model_file) -> list:
     for impl in _well_shaped("shipped_drafts"):
         try:
             found += list(_call(impl, {"model_file": model_file}) or [])
+        except VkdflashError:  # a plugin's one-line verdict on the files, not a broken plugin
+            raise
         except Exception as exc:
             _evict(impl, f"its shipped_drafts raised {_brief(exc)}")
     return sorted(found, key=lambda d: -(d.get("tau") or 0.0))
 
 
-def claim(path, metadata: dict) -> str | None:
-    """The strategy a plugin claims the draft file for (claim_draft_file), or None."""
+def claim(path, metadata) -> str | None:
+    """The strategy a plugin claims the draft file (its GGUF Metadata) for (claim_draft_file), or None.
+    general.architecture, when present, is checked to be a string first: hooks compare it."""
+    metadata.str("general.architecture", default=None)
     for impl in _well_shaped("claim_draft_file"):
         try:
             name = _call(impl, {"path": str(path), "metadata": metadata})
+        except VkdflashError:
+            raise
         except Exception as exc:
             _evict(impl, f"its claim_draft_file raised {_brief(exc)}")
             continue

@@ -12,7 +12,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .errors import VkdflashError
+from .errors import VkdflashError, quote
+from .model.hparams import MAX_VOCAB
 
 # llama.cpp src/llama-vocab.cpp, llm_tokenizer_bpe: regexes per pre-tokenizer type
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -62,7 +63,7 @@ def _char_bytes() -> dict[str, int]:
 def _pre_name(pre: str) -> str:
     name = PRE_ALIASES.get(pre, pre)
     if name not in PRE_REGEXES:
-        raise VkdflashError(f"tokenizer pre-tokenizer {pre!r} is not supported "
+        raise VkdflashError(f"tokenizer pre-tokenizer {quote(pre)} is not supported "
                             f"(supported: {', '.join(sorted(set(PRE_ALIASES) | set(PRE_REGEXES)))})")
     return name
 
@@ -70,48 +71,45 @@ def _pre_name(pre: str) -> str:
 class Tokenizer:
     """encode(text) -> ids and decode(ids) -> text as llama.cpp does for a GGUF's vocabulary."""
 
-    def __init__(self, metadata: dict):
+    def __init__(self, metadata):
+        """metadata: a GGUFFile's Metadata (typed reads: a key of the wrong type is a one-line error)."""
         from tokenizers import Regex, models, pre_tokenizers
         from tokenizers import Tokenizer as HFTokenizer
 
-        model = metadata.get("tokenizer.ggml.model")
+        m = metadata
+        model = m.str("tokenizer.ggml.model", default=None)
         if model != "gpt2":
-            raise VkdflashError(f"tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
-        self.tokens: list[str] = list(metadata.get("tokenizer.ggml.tokens") or [])
+            shown = "missing" if model is None else quote(model)
+            raise VkdflashError(f"tokenizer model {shown} is not supported (only byte-level BPE, 'gpt2')")
+        self.tokens: list[str] = list(m.strings("tokenizer.ggml.tokens", MAX_VOCAB, default=[]))
         if not self.tokens:
             raise VkdflashError("the GGUF has no tokenizer.ggml.tokens")
         n = len(self.tokens)
-        types = metadata.get("tokenizer.ggml.token_type")
-        self.types = np.full(n, NORMAL, np.int32) if types is None else np.asarray(types, np.int32)
+        types = m.ints("tokenizer.ggml.token_type", 0, BYTE, max_count=n, default=None)
+        self.types = np.full(n, NORMAL, np.int32) if types is None else types.astype(np.int32)
         if len(self.types) != n:
             raise VkdflashError(f"tokenizer.ggml.token_type has {len(self.types)} entries for {n} tokens")
-        self.pre = _pre_name(metadata.get("tokenizer.ggml.pre") or "default")
-
-        def token_id(key):
-            v = metadata.get(f"tokenizer.ggml.{key}_token_id")
-            if v is not None and not 0 <= int(v) < n:
-                raise VkdflashError(f"tokenizer.ggml.{key}_token_id {int(v)} is outside the vocabulary ({n})")
-            return None if v is None else int(v)
-
+        self.pre = _pre_name(m.str("tokenizer.ggml.pre", default="") or "default")
+        token_id = (lambda key: m.int(f"tokenizer.ggml.{key}_token_id", 0, n - 1, default=None))
         self.bos_id, self.eos_id = token_id("bos"), token_id("eos")
         self.eot_id, self.eom_id = token_id("eot"), token_id("eom")
-        self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", self.pre in DEFAULT_ADD_BOS))
-        self.add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
+        self.add_bos = m.bool("tokenizer.ggml.add_bos_token", default=self.pre in DEFAULT_ADD_BOS)
+        self.add_eos = m.bool("tokenizer.ggml.add_eos_token", default=False)
         for flag, tid, what in ((self.add_bos, self.bos_id, "bos"), (self.add_eos, self.eos_id, "eos")):
             if flag and tid is None:
                 raise VkdflashError(f"tokenizer.ggml.add_{what}_token is true but {what}_token_id is not set")
 
         vocab = {t: i for i, t in enumerate(self.tokens)}  # a duplicate text maps to its last id, as in llama.cpp
         merges = []
-        for m in metadata.get("tokenizer.ggml.merges") or []:
-            cut = m.find(" ", 1)
+        for merge in m.strings("tokenizer.ggml.merges", 4 * MAX_VOCAB, default=[]):
+            cut = merge.find(" ", 1)
             if cut < 0:
-                raise VkdflashError(f"tokenizer merge {m!r} has no space separator")
-            merges.append((m[:cut], m[cut + 1:]))
+                raise VkdflashError(f"tokenizer merge {quote(merge)} has no space separator")
+            merges.append((merge[:cut], merge[cut + 1:]))
         try:
             bpe = HFTokenizer(models.BPE(vocab, merges, ignore_merges=self.pre in IGNORE_MERGES))
         except Exception as exc:  # the library's message (e.g. a merge of unknown tokens) in one line
-            raise VkdflashError(f"invalid tokenizer vocabulary: {str(exc).splitlines()[0]}") from None
+            raise VkdflashError(f"invalid tokenizer vocabulary: {quote(' '.join(str(exc).split()), 200)}") from None
         bpe.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_REGEXES[self.pre]]
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])

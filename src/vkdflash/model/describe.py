@@ -16,6 +16,11 @@ def _short(text: str, suffix: str = "") -> str:
     return text if len(text) <= VALUE_WIDTH else f"{text[:VALUE_WIDTH - 3]}...{suffix}"
 
 
+def _name(text: str) -> str:
+    """A key or tensor name from the file, on one line and cut to VALUE_WIDTH."""
+    return _short(text if text.isprintable() else repr(text))
+
+
 def _value(v, vtype) -> str:
     if isinstance(vtype, tuple):  # array
         items = v[:8] if isinstance(v, list) else np.asarray(v[:8]).tolist()
@@ -44,14 +49,15 @@ def describe(gf: GGUFFile, hparams=None, problem: str | None = None) -> str:
     if problem is not None:
         lines.append(f"not runnable: {problem}")
     lines.append("metadata:")
-    width = max((len(k) for k in gf.metadata), default=0)
-    lines += [f"  {k:<{width}} = {_value(v, gf.value_types[k])}" for k, v in gf.metadata.items()]
+    keys = {k: _name(k) for k in gf.metadata}  # names come from the file: long ones are cut too
+    width = max((len(k) for k in keys.values()), default=0)
+    lines += [f"  {keys[k]:<{width}} = {_value(v, gf.value_types[k])}" for k, v in gf.metadata.items()]
     lines.append("tensors:")
-    name_w = max((len(n) for n in gf.tensors), default=4)
+    name_w = max((len(_name(n)) for n in gf.tensors), default=4)
     lines.append(f"  {'name':<{name_w}}  {'type':<5} {'shape':<16} {'MiB':>9} {'offset':>12}")
     per_type = defaultdict(lambda: [0, 0])
     for t in gf.tensors.values():
-        lines.append(f"  {t.name:<{name_w}}  {t.type_name:<5} {str(list(t.shape)):<16} {_mib(t.nbytes):>9} "
+        lines.append(f"  {_name(t.name):<{name_w}}  {t.type_name:<5} {str(list(t.shape)):<16} {_mib(t.nbytes):>9} "
                      f"{t.offset:>12}")
         per_type[t.type_name][0] += 1
         per_type[t.type_name][1] += t.nbytes

@@ -17,11 +17,13 @@ from typing import Any, NamedTuple
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from ..errors import VkdflashError
+from ..errors import VkdflashError, quote
+from .metadata import Metadata
 
 GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4
 MAX_NAME = 1 << 16           # bytes in a key or tensor name
+MAX_ALIGNMENT = 1 << 20      # llama.cpp writes 32; larger only pads the file
 _SCALARS = {  # value type -> struct format
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
     GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
@@ -73,9 +75,10 @@ class _Cursor:
 
 
 class GGUFFile:
-    """A parsed GGUF: `metadata` (key -> value), `value_types` (key -> GGUFValueType, arrays as
-    (ARRAY, item type)), `tensors` (name -> TensorInfo, file order). Arrays of numbers are numpy
-    arrays, arrays of strings are lists of str."""
+    """A parsed GGUF: `metadata` (a Metadata: key -> value with typed reads), `value_types` (key ->
+    GGUFValueType, arrays as (ARRAY, item type)), `tensors` (name -> TensorInfo, file order). Arrays
+    of numbers are numpy arrays, arrays of strings are lists of str. The tensor data must tile the
+    data section (check_layout)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
@@ -108,43 +111,68 @@ class GGUFFile:
         if n_kv * 14 > self.file_size or n_tensors * 33 > self.file_size:
             raise VkdflashError(f"header claims {n_kv} metadata entries and {n_tensors} tensors, "
                                 f"impossible in {self.file_size} bytes")
-        self.metadata: dict[str, Any] = {}
+        values: dict[str, Any] = {}
         self.value_types: dict[str, Any] = {}
         for _ in range(n_kv):
             key = c.string("metadata key", MAX_NAME)
-            if key in self.metadata:
-                raise VkdflashError(f"duplicate metadata key {key!r}")
-            self.metadata[key], self.value_types[key] = self._value(c, key)
-        align = self.metadata.get("general.alignment", 32)
-        if (self.value_types.get("general.alignment", GGUFValueType.UINT32) != GGUFValueType.UINT32
-                or align <= 0 or align & (align - 1)):
-            raise VkdflashError(f"general.alignment must be a power-of-two uint32, got {align!r}")
+            if key in values:
+                raise VkdflashError(f"duplicate metadata key {quote(key)}")
+            values[key], self.value_types[key] = self._value(c, key)
+        self.metadata = Metadata(values, self.value_types)
+        align = self.metadata.int("general.alignment", 1, MAX_ALIGNMENT, default=32)
+        if align & (align - 1):
+            raise VkdflashError(f"general.alignment {align} is not a power of two")
         self.alignment = align
         infos = [self._tensor_info(c) for _ in range(n_tensors)]
+        self.header_size = c.pos
         self.data_offset = -(-c.pos // align) * align
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, type_id, rel in infos:
             if name in self.tensors:
-                raise VkdflashError(f"duplicate tensor {name!r}")
-            if rel % align:
-                raise VkdflashError(f"tensor {name} offset {rel} is not a multiple of the alignment {align}")
-            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
+                raise VkdflashError(f"duplicate tensor {quote(name)}")
+            qt = GGMLQuantizationType(type_id)
+            block, block_bytes = GGML_QUANT_SIZES[qt]
             if shape[0] % block:
-                raise VkdflashError(f"tensor {name}: row length {shape[0]} is not a multiple of the "
-                                    f"{GGMLQuantizationType(type_id).name} block size {block}")
+                raise VkdflashError(f"tensor {quote(name)}: row length {shape[0]} is not a multiple of the "
+                                    f"{qt.name} block size {block}")
             nbytes = int(np.prod(shape, dtype=object)) // block * block_bytes
             start = self.data_offset + rel
             if start + nbytes > self.file_size:
-                raise VkdflashError(f"tensor {name} data (bytes {start}..{start + nbytes}) lies past the end "
+                raise VkdflashError(f"tensor {quote(name)} data (bytes {start}..{start + nbytes}) lies past the end "
                                     f"of the file ({self.file_size} bytes): truncated or corrupt")
             self.tensors[name] = TensorInfo(name, type_id, shape, start, nbytes)
+        self.check_layout()
+
+    def check_layout(self) -> None:
+        """The data section starts at the aligned end of the header and the tensors tile it: in
+        offset order each starts where the previous ended, rounded up to the alignment, and the
+        last ends the file (plus at most its padding). A tensor count cut short, a type patched to
+        one of another size, or overlapping or stray offsets all break the tiling, and the
+        weights would be read from the wrong bytes."""
+        align, pos = self.alignment, self.data_offset
+        for t in sorted(self.tensors.values(), key=lambda t: t.offset):
+            if t.offset % align:
+                raise VkdflashError(f"tensor {quote(t.name)} offset {t.offset - self.data_offset} is not a multiple "
+                                    f"of the alignment {align}")
+            if t.offset < pos:
+                raise VkdflashError(f"tensor {quote(t.name)} data (bytes {t.offset}..{t.offset + t.nbytes}) overlaps "
+                                    f"the previous tensor's, which ends at byte {pos}")
+            if t.offset > pos:
+                raise VkdflashError(f"{t.offset - pos} unused bytes before tensor {quote(t.name)} (at byte {pos}): "
+                                    "the tensor table does not describe this file's data")
+            pos = -(-(t.offset + t.nbytes) // align) * align
+        end = pos if self.tensors else self.header_size
+        if self.file_size > max(end, self.data_offset):
+            raise VkdflashError(f"the tensors' data ends at byte {end}, the file at {self.file_size}: "
+                                "the tensor table does not describe this file's data")
 
     def _value(self, c: _Cursor, key: str):
+        key = quote(key)  # every message below echoes it
         raw = c.unpack("<I", f"type of {key}")
         try:
             vtype = GGUFValueType(raw)
         except ValueError:
-            raise VkdflashError(f"metadata {key!r} has unknown value type {raw}") from None
+            raise VkdflashError(f"metadata {key} has unknown value type {raw}") from None
         if vtype == GGUFValueType.STRING:
             return c.string(f"value of {key}"), vtype
         if vtype in _SCALARS:
@@ -153,13 +181,13 @@ class GGUFFile:
         try:
             itype = GGUFValueType(raw)
         except ValueError:
-            raise VkdflashError(f"metadata {key!r} has unknown array item type {raw}") from None
+            raise VkdflashError(f"metadata {key} has unknown array item type {raw}") from None
         count = c.unpack("<Q", f"length of {key}")
         if itype == GGUFValueType.STRING:
             c.need(count * 8, f"array {key} ({count} strings)")
             return [c.string(f"item of {key}") for _ in range(count)], (vtype, itype)
         if itype not in _SCALARS:
-            raise VkdflashError(f"metadata {key!r}: arrays of {itype.name} are not supported")
+            raise VkdflashError(f"metadata {key}: arrays of {itype.name} are not supported")
         dtype = np.dtype(_SCALARS[itype])
         c.need(count * dtype.itemsize, f"array {key} ({count} x {itype.name})")
         arr = np.frombuffer(self._mm, dtype, count, c.pos).copy()  # metadata must outlive the mapping
@@ -167,7 +195,8 @@ class GGUFFile:
         return arr, (vtype, itype)
 
     def _tensor_info(self, c: _Cursor):
-        name = c.string("tensor name", MAX_NAME)
+        full = c.string("tensor name", MAX_NAME)
+        name = quote(full)  # what messages echo
         n_dims = c.unpack("<I", f"dimension count of {name}")
         if not 1 <= n_dims <= MAX_DIMS:
             raise VkdflashError(f"tensor {name} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
@@ -177,7 +206,7 @@ class GGUFFile:
         type_id = c.unpack("<I", f"type of {name}")
         if type_id not in GGMLQuantizationType._value2member_map_:
             raise VkdflashError(f"tensor {name} has unknown ggml type id {type_id}")
-        return name, shape, type_id, c.unpack("<Q", f"offset of {name}")
+        return full, shape, type_id, c.unpack("<Q", f"offset of {name}")
 
     def data(self, name: str) -> np.ndarray:
         """The raw bytes of a tensor: a read-only np.uint8 view of the mapping (no copy)."""
@@ -266,7 +295,7 @@ def check_tensors(tensors: dict, required: dict, optional: dict, what: str) -> N
             raise VkdflashError(f"tensor {name} has type {t.type_name}, not supported here ({names})")
     for name in tensors:
         if name not in required and name not in optional:
-            raise VkdflashError(f"unexpected tensor {name} (not part of {what})")
+            raise VkdflashError(f"unexpected tensor {quote(name)} (not part of {what})")
 
 
 class TensorData(NamedTuple):
@@ -282,7 +311,7 @@ class ModelFile:
         from .hparams import read_hparams
         self.gguf = GGUFFile(path)
         try:
-            self.hparams = read_hparams(self.gguf.metadata, self.gguf.value_types, list(self.gguf.tensors))
+            self.hparams = read_hparams(self.gguf.metadata, list(self.gguf.tensors))
             self._check_tensors()
         except VkdflashError as exc:
             self.gguf.close()
@@ -294,7 +323,7 @@ class ModelFile:
                       f"a dense {hp.arch} model")
 
     @property
-    def metadata(self) -> dict:
+    def metadata(self) -> Metadata:
         return self.gguf.metadata
 
     @property

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from gguf.constants import GGUFValueType as VT
-
-from ..errors import VkdflashError
+from ..errors import VkdflashError, quote
+from .metadata import REQUIRED, Metadata
 
 # rope pairing per architecture, as llama.cpp's llama_model_rope_type(): names as in kernels/rope.py
 ROPE_MODES = {"llama": "normal", "qwen2": "neox", "qwen3": "neox"}
@@ -14,8 +13,6 @@ ARCHITECTURES = tuple(ROPE_MODES)
 # after output_norm; architectures differ, so files say it in {arch}.nextn.hidden
 NEXTN_HIDDEN = ("prenorm", "postnorm")
 
-_INTS = {VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64}
-_FLOATS = {VT.FLOAT32, VT.FLOAT64}
 # sanity bounds: far above any real model, low enough that no size computed from them is absurd
 MAX_LAYERS = 1024
 MAX_EMBD = 1 << 17
@@ -23,6 +20,13 @@ MAX_HEADS = 1024
 MAX_HEAD_DIM = 1024
 MAX_VOCAB = 1 << 22
 MAX_CTX = 1 << 26
+# the rms-norm epsilon is added to a row's mean square: below 1e-12 it is no guard in f32 (1e-45 is a
+# denormal a GPU flushes to zero, so an all-zero row divides by zero); above 0.1 it swamps the
+# mean square of unit-scale activations. Real models use 1e-6 .. 1e-5.
+RMS_EPS = (1e-12, 0.1)
+# rope pair i turns at base^(-2i/d) per position: a base at or below 1 turns the slow pairs fastest
+# (1e-30 overflows to inf, then NaN); published bases run 1e4 .. 1e8.
+ROPE_BASE = (2.0, 1e12)
 
 
 @dataclass(frozen=True)
@@ -50,59 +54,24 @@ class HParams:
         return asdict(self)
 
 
-class Metadata:
-    """Typed reads of GGUF metadata: a key of the wrong value type or out of range is a one-line
-    error naming the key (GGUFFile.metadata and .value_types are what it reads)."""
-
-    def __init__(self, metadata: dict, value_types: dict):
-        self.md, self.vt = metadata, value_types
-
-    def _get(self, key, kinds, kind_name, default):
-        if key not in self.md:
-            if default is None:
-                raise VkdflashError(f"missing metadata key {key}")
-            return default
-        if self.vt[key] not in kinds:
-            vt = self.vt[key]
-            shown = f"an array of {vt[1].name}" if isinstance(vt, tuple) else vt.name
-            raise VkdflashError(f"metadata {key} should be {kind_name}, found {shown}")
-        return self.md[key]
-
-    def int(self, key, lo, hi, default=None) -> int:
-        v = int(self._get(key, _INTS, "an integer", default))
-        if not lo <= v <= hi:
-            raise VkdflashError(f"metadata {key} = {v} is out of range ({lo}..{hi})")
-        return v
-
-    def float(self, key, default=None) -> float:
-        v = float(self._get(key, _FLOATS, "a float", default))
-        if not (v > 0 and v < float("inf")):
-            raise VkdflashError(f"metadata {key} = {v} must be a positive finite number")
-        return v
-
-    def str(self, key) -> str:
-        return self._get(key, {VT.STRING}, "a string", None)
-
-
 def read_heads(m: "Metadata", arch: str, n_embd: int, min_head_dim: int) -> tuple[int, int, int]:
     """(n_head, n_head_kv, head_dim) with llama.cpp's defaults and consistency checks."""
     n_head = m.int(f"{arch}.attention.head_count", 1, MAX_HEADS)
     n_head_kv = m.int(f"{arch}.attention.head_count_kv", 1, n_head, default=n_head)
     if n_head % n_head_kv:
         raise VkdflashError(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
-    if f"{arch}.attention.key_length" not in m.md and n_embd % n_head:
+    if f"{arch}.attention.key_length" not in m and n_embd % n_head:
         raise VkdflashError(f"embedding_length {n_embd} is not a multiple of head_count {n_head} "
                             f"and {arch}.attention.key_length is missing")
     head_dim = m.int(f"{arch}.attention.key_length", min_head_dim, MAX_HEAD_DIM, default=n_embd // n_head)
     return n_head, n_head_kv, head_dim
 
 
-def read_hparams(metadata: dict, value_types: dict, tensor_names) -> HParams:
+def read_hparams(m: Metadata, tensor_names) -> HParams:
     """HParams of a llama / qwen2 / qwen3 file; the tensor names decide tied output and options."""
-    m = Metadata(metadata, value_types)
     arch = m.str("general.architecture")
     if arch not in ROPE_MODES:
-        raise VkdflashError(f"architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+        raise VkdflashError(f"architecture {quote(arch)} is not supported (supported: {', '.join(ARCHITECTURES)})")
     n_tensors = len(tensor_names)
     # as in llama.cpp, block_count includes the trailing next-n heads; n_layer is the trunk
     n_block = m.int(f"{arch}.block_count", 1, MAX_LAYERS)
@@ -123,21 +92,18 @@ def read_hparams(metadata: dict, value_types: dict, tensor_names) -> HParams:
     if n_rot != head_dim:
         raise VkdflashError(f"partial rotary embedding (rope.dimension_count {n_rot} < head dim {head_dim}) "
                             "is not supported")
-    if metadata.get(f"{arch}.expert_count", 0):
+    if m.int(f"{arch}.expert_count", 0, 1 << 20, default=0):
         raise VkdflashError(f"mixture-of-experts models ({arch}.expert_count) are not supported")
-    scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
+    scaling = m.str(f"{arch}.rope.scaling.type", default="none")
     if scaling != "none":
-        raise VkdflashError(f"rope scaling {scaling!r} is not supported")
-    if "tokenizer.ggml.tokens" in metadata:
-        n_tok = len(metadata["tokenizer.ggml.tokens"])
-        n_vocab = m.int(f"{arch}.vocab_size", 1, MAX_VOCAB, default=n_tok)
-    else:
-        n_vocab = m.int(f"{arch}.vocab_size", 1, MAX_VOCAB)
+        raise VkdflashError(f"rope scaling {quote(scaling)} is not supported")
+    tokens = m.strings("tokenizer.ggml.tokens", MAX_VOCAB, default=None)
+    n_vocab = m.int(f"{arch}.vocab_size", 1, MAX_VOCAB, default=REQUIRED if tokens is None else len(tokens))
     names = set(tensor_names)
     return HParams(
         arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
-        head_dim=head_dim, rms_eps=m.float(f"{arch}.attention.layer_norm_rms_epsilon"),
-        rope_base=m.float(f"{arch}.rope.freq_base", default=10000.0), rope_mode=ROPE_MODES[arch],
+        head_dim=head_dim, rms_eps=m.float(f"{arch}.attention.layer_norm_rms_epsilon", *RMS_EPS),
+        rope_base=m.float(f"{arch}.rope.freq_base", *ROPE_BASE, default=10000.0), rope_mode=ROPE_MODES[arch],
         n_ctx_train=m.int(f"{arch}.context_length", 1, MAX_CTX), n_vocab=n_vocab,
         tied_output="output.weight" not in names, has_qkv_bias="blk.0.attn_q.bias" in names,
         has_qk_norm=arch == "qwen3", has_rope_freqs="rope_freqs.weight" in names,
@@ -146,7 +112,4 @@ def read_hparams(metadata: dict, value_types: dict, tensor_names) -> HParams:
 
 def nextn_hidden(m: Metadata, arch: str) -> str:
     """{arch}.nextn.hidden: "prenorm" (default, llama.cpp's GLM4-MoE / Qwen3.5 heads) or "postnorm"."""
-    value = m._get(f"{arch}.nextn.hidden", {VT.STRING}, "a string", "prenorm")
-    if value not in NEXTN_HIDDEN:
-        raise VkdflashError(f"metadata {arch}.nextn.hidden = {value!r} must be one of {', '.join(NEXTN_HIDDEN)}")
-    return value
+    return m.str(f"{arch}.nextn.hidden", default="prenorm", choices=NEXTN_HIDDEN)

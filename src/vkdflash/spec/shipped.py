@@ -24,16 +24,17 @@ class Record:
 
 
 def _find(directory, target_file):
-    """(path, metadata) of the GGUF in `directory` made for this target (a ModelFile), or None."""
+    """(path, Metadata) of the GGUF in `directory` made for this target (a ModelFile), or None."""
     if target_file is None:
         return None
-    name = target_file.metadata.get("general.name")
+    name = target_file.metadata.str("general.name", default=None)
     size = target_file.gguf.file_size
     for path in sorted(Path(directory).glob("*.gguf")):
         with GGUFFile(path) as f:
             md = f.metadata
-            if md.get(TARGET_NAME) == name and md.get(TARGET_SIZE) == size:
-                return os.fspath(path), dict(md)
+            if (md.str(TARGET_NAME, default=None) == name
+                    and md.int(TARGET_SIZE, 0, 1 << 62, default=None) == size):
+                return os.fspath(path), md
     return None
 
 
@@ -49,14 +50,11 @@ def offer(strategy: str, directory, model_file) -> list:
     if found is None:
         return []
     path, md = found
-    tau, cpu = md.get("vkdflash.suite.tau"), md.get(CPU_SPEEDUP)
-    number = lambda x: float(x) if isinstance(x, (int, float)) else None  # noqa: E731
-    return [{"strategy": strategy, "path": path, "tau": number(tau), "cpu_speedup": number(cpu)}]
+    return [{"strategy": strategy, "path": path, "tau": md.float("vkdflash.suite.tau", 0.0, 1e6, default=None),
+             "cpu_speedup": md.float(CPU_SPEEDUP, 0.0, 1e6, default=None)}]
 
 
-def suite_record(metadata: dict) -> Record:
-    """What a draft recorded about itself (nothing for a draft made elsewhere)."""
-    a1 = metadata.get(FIRST_ACCEPTANCE)
-    a1 = float(a1) if isinstance(a1, (int, float)) and 0 < a1 <= 1 else None
-    note = metadata.get("vkdflash.suite.note")
-    return Record(a1, note if isinstance(note, str) else "")
+def suite_record(metadata) -> Record:
+    """What a draft recorded about itself (a GGUF's Metadata; nothing for a draft made elsewhere)."""
+    return Record(metadata.float(FIRST_ACCEPTANCE, 0.0, 1.0, default=None),
+                  metadata.str("vkdflash.suite.note", default=""))
