@@ -82,13 +82,14 @@ def inspect(path) -> None:
     """Show a GGUF file's metadata and tensors, and whether vkdflash can run it."""
     from gguf import GGUFValueType
 
-    from .model import GGUFFile, inspect_file
+    from .model import ARCHITECTURES, GGUFFile, inspect_file
     text, problem = inspect_file(path)
     click.echo(text)
     if problem:
         from .plugins import claim, lookup
-        with GGUFFile(path) as f:
-            draft = f.metadata.types.get("general.architecture") == GGUFValueType.STRING  # else `problem` says why
+        with GGUFFile(path) as f:  # a model architecture or a wrongly typed one: `problem` says what is wrong
+            arch = f.metadata.get("general.architecture")
+            draft = f.metadata.types.get("general.architecture") == GGUFValueType.STRING and arch not in ARCHITECTURES
             name = claim(path, f.metadata) if draft else None
         if name is not None:  # not a model to run on its own, but a draft for one
             click.echo(f"a draft for --spec {name} ({lookup(name).description}): "

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import VkdflashError
 from .controller import DraftController
 from .stats import SpecStats
 from .strategy import Proposal, StrategyContext
@@ -65,9 +66,11 @@ class Speculator:
         """Run a strategy call; on any exception switch the strategy off (one line, no traceback)."""
         try:
             return call()
+        except VkdflashError as exc:  # already the user's one line (e.g. a malformed draft file)
+            self._disable(str(exc))
         except Exception as exc:  # noqa: BLE001 -- a plugin must never take generation down
-            self._disable(f"{what} raised {type(exc).__name__}: {exc}".splitlines()[0])
-            return None
+            self._disable(f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+        return None
 
     def _disable(self, why: str) -> None:
         if self.stats.disabled:
