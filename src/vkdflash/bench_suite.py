@@ -50,7 +50,7 @@ def run_suite(model, tok, request, runs: Runs, n_prompts: int, n_gen: int, rotat
     log.info("suite: %d prompts, %d new tokens each, strategies %s, draft caches %s, temperatures %s",
              len(prompts), n_gen, runs.strategies, runs.cache_types, runs.temps)
     plain = run(model, tok, prompts, n_gen, sampler_for(0.0), None)
-    report = {"device": model.ctx.features.name, "model": model.mf.metadata.get("general.name"),
+    report = {"device": model.ctx.features.name, "model": model.mf.metadata.str("general.name", default=None),
               "prompts": len(prompts), "n_gen": n_gen, "none": plain, "runs": [], "skipped": []}
     for name, k in runs.strategies:
         for temp in runs.temps:
