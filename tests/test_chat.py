@@ -2,9 +2,14 @@
 format written out by hand, and the prompt tokenized with its special tokens."""
 from __future__ import annotations
 
+import re
+import threading
+import time
+
 import pytest
 
 import gguf_fixtures as F
+from vkdflash import sandbox
 from vkdflash.chat import CHATML, ChatTemplate, chat_prompt_ids
 from vkdflash.errors import VkdflashError
 from vkdflash.model import GGUFFile, default_model_path
@@ -80,7 +85,7 @@ def test_hf_environment_features():
 
 def test_template_errors_are_one_line():
     msgs = CONVERSATIONS[0]
-    with pytest.raises(VkdflashError, match="^chat template refused the messages: no tools here$"):
+    with pytest.raises(VkdflashError, match=r"^chat template refused the messages: 'no tools\\nhere'$"):
         ChatTemplate("{{ raise_exception('no tools\nhere') }}").render(msgs)
     with pytest.raises(VkdflashError, match="^chat template syntax error at line 2"):
         ChatTemplate("ok\n{% for %}")
@@ -88,3 +93,150 @@ def test_template_errors_are_one_line():
         ChatTemplate("{{ messages.append(1) }}").render(msgs)
     with pytest.raises(VkdflashError, match="list of"):
         ChatTemplate("x").render("not a list")
+
+
+# Hostile templates: the template comes from whoever made the model file and is a program.
+
+NAME = "tokenizer.chat_template of model.gguf"
+TOO_BIG = "builds a value of more than 4,194,304 characters"
+NESTED_LOOPS = "{% set s = 'x' * 20000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}"
+
+
+def refused(source, match: str, name: str = NAME) -> str:
+    """The template fails compiling or rendering with one short, one-line VkdflashError naming it."""
+    with pytest.raises(VkdflashError) as info:
+        ChatTemplate(source, name=name).render(CONVERSATIONS[0])
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(name + " ") and len(msg) < 200, msg
+    assert re.search(match, msg), msg
+    return msg
+
+
+@pytest.fixture
+def short_deadline(monkeypatch):
+    monkeypatch.setattr(sandbox, "MAX_SECONDS", 0.2)
+
+
+@pytest.mark.parametrize("source, match", [
+    ("{{ 1/0 }}", "failed: ZeroDivisionError: 'division by zero'$"),
+    ("{{ 'x' * 4000000000 }}", TOO_BIG + r" \(in \*\)"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "1,000,000 steps"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "failed: RecursionError"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", TOO_BIG),
+    ("{{ 'x'|center(4000000000) }}", TOO_BIG + r" \(in \|center\)"),
+    ("{{ 'x'.center(1000000000) }}", TOO_BIG + r" \(in center\(\)\)"),
+    ("{{ [1] * 10**9 }}", TOO_BIG),
+    ("{{ 2 ** (10 ** 10) }}", "a number of more than 4096 bits"),  # jinja reads 2**10**10 as (2**10)**10
+    ("{% set ns = namespace(n=3) %}{% for i in range(99) %}{% set ns.n = ns.n * ns.n %}{% endfor %}", "4096 bits"),
+    ("{{ '%0999999999d' % 1 }}", TOO_BIG),
+    ("{{ '%*d' % (999999999, 1) }}", TOO_BIG),
+    ("{{ '%0999999999d'|format(1) }}", TOO_BIG),
+    ("{{ '{:>999999999}'.format(1) }}", TOO_BIG),
+    ("{{ ('x' * 1000000).replace('', 'y' * 1000) }}", TOO_BIG),
+    ("{{ ('x' * 1000000)|replace('x', 'y' * 1000) }}", TOO_BIG),
+    ("{{ ('y' * 1000000).join('x' * 1000) }}", TOO_BIG),
+    ("{{ ('x' * 1000)|join('y' * 1000000) }}", TOO_BIG),
+    ("{{ ('\\n' * 100000)|indent(1000) }}", TOO_BIG),
+    ("{{ [1]|batch(1000000, 'x' * 1000)|list }}", TOO_BIG),
+    ("{{ ([[[[1] * 1000]]] * 100)|tojson(indent=100000) }}", TOO_BIG),
+    ("{{ ([[1]] * 100000)|sum(start=[]) }}", TOO_BIG),   # quadratic copying, all of it in C
+    # one string shared by reference many times: str(), ==, hash() would walk every occurrence, in C
+    ("{% set a = ['x' * 1000000] * 1000 %}{{ a }}", TOO_BIG),
+    ("{% set a = 'x' * 1000000 %}{% set b = [a, a, a, a, a] %}{{ [b, b, b, b, b] }}", TOO_BIG + " .in a literal"),
+    ("{% set a = 'x' * 1000000 %}{{ a ~ a ~ a ~ a ~ a }}", TOO_BIG),
+    ("{% set a = 'x' * 1000000 %}{% set ns = namespace() %}{% set ns.a = a %}{% set ns.b = a %}{% set ns.c = a %}"
+     "{% set ns.d = a %}{% set ns.e = a %}", TOO_BIG + " .in namespace attribute 'e'"),
+    ("{% set a = 'x' * 1000000 %}{% macro f() %}{{ varargs }}{% endmacro %}{{ f(a, a, a, a, a) }}",
+     TOO_BIG + r" \(in f\(\)\)"),
+    ("{% set a = 'x' * 1000000 %}{% set b = [a] + [a] %}{% set c = [b] + [b] %}{% set d = [c] + [c] %}{{ d|length }}",
+     TOO_BIG + r" \(in \+\)"),
+    ("{% set a = 'x' * 4000000 %}{% set s %}{{ a }}{{ a }}{% endset %}", TOO_BIG),
+    ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "writes a prompt of more than 4,194,304 characters"),
+    ("{% macro f(s) %}{{ f(s ~ '!') }}{% endmacro %}{{ f('x' * 4000000) }}", "67,108,864 characters in all"),
+    ("{{ ''.__class__.__mro__ }}", "failed: SecurityError"),
+    ("{{ [1].index('y' * 100000) }}", r"failed: ValueError: .*yyyy.*\.\.\. \(100017 chars\)$"),   # the echoed value is cut short
+    ("ok\n{% for %}", "syntax error at line 2"),
+    (None, "is not text but NoneType"),
+    (b"{{ 1 }}", "is not text but bytes"),
+])
+def test_hostile_template_is_one_short_error(source, match):
+    refused(source, match)
+
+
+def test_raise_exception_message_is_cut_short():
+    msg = refused("{{ raise_exception('why ' * 25000) }}", r"refused the messages: 'why why .*'\.\.\. \(100000 chars\)$")
+    assert len(msg) < len(NAME) + 140
+
+
+def test_name_defaults_to_chat_template():
+    refused("{{ 1/0 }}", "^chat template failed", name="chat template")
+    with pytest.raises(VkdflashError, match="^chat template failed"):
+        ChatTemplate("{{ 1/0 }}").render(CONVERSATIONS[0])
+
+
+def test_loops_without_calls_hit_the_deadline(short_deadline):
+    refused(NESTED_LOOPS, r"runs for more than 0.2 s$")
+
+
+def test_nothing_strays_after_a_deadline(short_deadline):
+    refused(NESTED_LOOPS, "runs for more than")
+    time.sleep(0.1)   # past sandbox.RETRY: a watcher still running would inject again, into this sleep
+    assert sum(range(300000)) == 44999850000   # plain Python, where a late injected exception would land
+    assert not [t for t in threading.enumerate() if t.name == "chat template deadline"]
+    check_smollm_template(ChatTemplate(F.SMOLLM_TEMPLATE))
+
+
+def test_the_deadline_fires_again_when_swallowed():
+    """A timeout that lands in a __del__ or weakref callback is only reported as ignored: it must come again."""
+    deadline, hits, give_up = sandbox.Deadline(0.01), 0, time.monotonic() + 2
+    try:
+        deadline.start()
+        while hits < 2 and time.monotonic() < give_up:
+            try:
+                while time.monotonic() < give_up:
+                    pass
+            except sandbox.Timeout:
+                hits += 1   # swallowed
+    finally:
+        try:
+            deadline.stop()
+        except sandbox.Timeout:
+            pass
+    assert hits == 2
+
+
+def test_a_deadline_hits_only_its_own_thread(short_deadline):
+    failures = []
+
+    def hostile():
+        try:
+            ChatTemplate(NESTED_LOOPS).render(CONVERSATIONS[0])
+        except VkdflashError as exc:
+            failures.append(str(exc))
+    thread = threading.Thread(target=hostile)
+    thread.start()
+    template, renders = ChatTemplate(F.SMOLLM_TEMPLATE), 0
+    while thread.is_alive() or renders == 0:
+        assert template.render(CONVERSATIONS[2]) == chatml(CONVERSATIONS[2], True, SMOL_SYSTEM)
+        renders += 1
+    thread.join()
+    assert len(failures) == 1 and "runs for more than" in failures[0]
+
+
+def test_long_conversation_stays_within_the_bounds():
+    msgs = [{"role": ("user", "assistant")[i % 2], "content": f"{i}: " + "word " * 200} for i in range(2000)]
+    assert ChatTemplate(F.SMOLLM_TEMPLATE).render(msgs) == chatml(msgs, True, SMOL_SYSTEM)   # 2 MB, well in time
+
+
+def test_bounds_leave_ordinary_template_code_alone():
+    source = ("{% set ns = namespace(last=-1, parts=[]) %}"
+              "{% for m in messages[::-1] %}{% if ns.last < 0 and m.role == 'user' %}"
+              "{% set ns.last = messages|length - 1 - loop.index0 %}{% endif %}{% endfor %}"
+              "{% for m in messages %}{% set ns.parts = ns.parts + [m.content.split('</think>')[-1]] %}{% endfor %}"
+              "{{ ns.last }}|{{ ns.parts|join(',') }}|{{ {'a': [1, (2, 3)]}|tojson(indent=1) }}|"
+              "{{ '%s-%03d' % ('n', 7) }}|{{ '{}:{}'.format('k', 'v') ~ '!' }}|{{ range(3)|list }}|"
+              "{{ 'ab' * 2 }}|{{ 2 ** 10 }}|{{ 'x'|center(5) }}|{{ 'a\nb'|indent(2) }}|{{ strftime_now('%Y')|length }}")
+    msgs = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "<think>t</think>a1"},
+            {"role": "user", "content": "q2"}]
+    assert ChatTemplate(source).render(msgs) == (
+        '2|q1,a1,q2|{\n "a": [\n  1,\n  [\n   2,\n   3\n  ]\n ]\n}|n-007|k:v!|[0, 1, 2]|abab|1024|  x  |a\n  b|4')

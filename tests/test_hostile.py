@@ -153,3 +153,16 @@ def test_long_tensor_name_is_cut(tmp_path):
     path = write_target(tmp_path / "t.gguf", n_nextn=0, extra={"z" * 60_000: (128,)})
     line = inspect(path)
     assert f"unexpected tensor {'z' * 80!r}... (60000 chars)" in line
+
+
+@pytest.mark.parametrize("template,words", [
+    (("{{ 1/0 }}", VT.STRING), "failed: ZeroDivisionError"),
+    (("{{ 'x' * 4000000000 }}", VT.STRING), "builds a value of more than"),
+    (("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", VT.STRING),
+     "takes more than 1,000,000 steps"),
+    ((7, VT.UINT32), "tokenizer.chat_template should be a string, found UINT32"),
+])
+def test_chat_template_failures_name_the_template(tmp_path, template, words):
+    path = model(tmp_path, **{"tokenizer.chat_template": template})
+    line = generate(path, "--chat")
+    assert words in line and "tokenizer.chat_template" in line and str(path) in line

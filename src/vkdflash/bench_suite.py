@@ -44,7 +44,7 @@ def run_suite(model, tok, request, runs: Runs, n_prompts: int, n_gen: int, rotat
     from .cli_spec import build_speculator
     from .sampling import Sampler
     from .spec import SpecStats
-    template = ChatTemplate.from_metadata(model.mf.metadata, tok)
+    template = ChatTemplate.from_metadata(model.mf.metadata, tok, model.mf.gguf.path)
     prompts = [(p, prompt_ids(p, tok, template)) for p in PROMPTS[:n_prompts]]
     sampler_for = (lambda temp: (lambda i: Sampler(temp=0.0) if temp == 0 else Sampler(temp=temp, seed=i)))
     log.info("suite: %d prompts, %d new tokens each, strategies %s, draft caches %s, temperatures %s",

@@ -163,7 +163,7 @@ def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, sto
     model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
     if chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        ids = chat_prompt_ids(tok, ChatTemplate.from_metadata(model.mf.metadata, tok), messages)
+        ids = chat_prompt_ids(tok, ChatTemplate.from_metadata(model.mf.metadata, tok, model.mf.gguf.path), messages)
     else:
         ids = tok.encode(text, add_special=True)
     if not ids:
