@@ -201,8 +201,8 @@ def test_the_cost_aware_length_stops_drafting_what_is_never_accepted(target):
 
     class LinearCosts(DraftController):
         """Verify cost grows with every row (a CPU device), whatever this tiny model measures."""
-        def update(self, k, drafted, accepted, verify_seconds, draft_seconds, timed=True):
-            super().update(k, drafted, accepted, 0.01 * (drafted + 1), 0.0, timed)
+        def update(self, k, drafted, accepted, verify_seconds, draft_seconds):
+            super().update(k, drafted, accepted, 0.01 * (drafted + 1), 0.0)
 
     model, tok = target
     runs = {}

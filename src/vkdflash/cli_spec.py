@@ -133,7 +133,7 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
         return None
     from .plugins import lookup
     from .spec.controller import DraftController
-    from .spec.curve import verify_costs
+    from .spec.curve import remember, verify_costs
     from .spec.engine import Speculator
     from .spec.strategy import StrategyOptions
     options = StrategyOptions(draft_model=request.draft_model, draft_max=request.draft_max, p_min=request.draft_p_min,
@@ -142,7 +142,7 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
     if request.draft_fixed:
         control = DraftController(request.draft_max, {1: 1.0}, fixed=True)
     else:
-        control = DraftController(request.draft_max, verify_costs(model))
+        control = DraftController(request.draft_max, verify_costs(model), persist=lambda curve: remember(model, curve))
     spec = Speculator(model, name, lookup(name).factory, options, stats, control)
     if spec.strategy is None:  # the factory itself failed: that is the user's error, say it once
         raise VkdflashError(f"strategy {name} could not start: {stats.disabled}")

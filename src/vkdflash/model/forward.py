@@ -137,6 +137,10 @@ class Model:
         return Output(np.concatenate(logits) if logits else np.zeros((0, self.hp.n_vocab), np.float32),
                       {k: np.concatenate(v) for k, v in hidden.items()})
 
+    def recorded(self, n: int, all_logits: bool = False, capture=()) -> bool:
+        """Whether an n-row pass has its graph (the first one records it and compiles kernels)."""
+        return (int(n), all_logits, tuple(sorted(set(int(c) for c in capture)))) in self.store.graphs
+
     def _run(self, chunk, all_logits: bool, capture: tuple, need_logits: bool):
         n, hp, cache = chunk.size, self.hp, self.cache
         start = cache.n_past

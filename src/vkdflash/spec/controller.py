@@ -5,12 +5,19 @@ maximise expected committed tokens per second
 
 a_j: the running probability that draft j is accepted given drafts 1..j-1 were (decayed counts
 per position, so it follows the text; a position with little evidence leans on the one before
-it, so after drafts 1..j keep being accepted the choice reaches for j + 1); c_verify(n): seconds of an n-row target pass (the
-measured curve, refreshed from every verify pass); c_draft(k): seconds of a proposal of up to k
-tokens (learned per k; unseen k interpolated, 0 before the first). k = 0 is plain decoding;
-while the choice stays 0 it drafts a little anyway every `probe_every` steps, so the estimates
-can recover when the text becomes predictable; a probe that gets nothing accepted doubles the
-wait (up to MAX_PROBE_WAIT), so a draft that is never right costs next to nothing."""
+it, so after drafts 1..j keep being accepted the choice reaches for j + 1). c_draft(k): seconds
+of a proposal of up to k tokens (learned per k; unseen k interpolated, 0 before the first).
+c_verify(n): seconds of an n-row target pass. It starts from the cached curve (the prior) and
+learns from every timed verify pass: a row count seen live costs what it measured; the others
+keep the prior's shape, scaled by how live passes compare with it (a curve cached while the
+machine was busy once made 16 rows look 2.6x dearer than they were, so ngram drafted ~1 token
+a step at 1.6x instead of ~9 at 2.6x). The prior's shape can be wrong too, so after a step
+whose drafts were all accepted it tries a length of 2k + 1 whose cost it has not seen. What it learned goes back to the cache when the run ends (`persist`).
+
+k = 0 is plain decoding; while the choice stays 0 it drafts a little anyway every `probe_every`
+steps, so the estimates can recover when the text becomes predictable; a probe that gets
+nothing accepted doubles the wait (up to MAX_PROBE_WAIT), so a draft that is never right costs
+next to nothing."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,12 +25,20 @@ import numpy as np
 DECAY = 0.9        # weight of the past in the acceptance counts and timing averages, per update
 PRIOR = 2.0        # pseudo-counts behind a_j's prior: a_{j-1} (0.5 for a_1)
 MAX_PROBE_WAIT = 128
+MAX_SCALE_STEP = float(np.log(4.0))  # most one pass can pull the prior's scale (times its weight)
 
 
 class DraftController:
-    def __init__(self, k_max: int, verify_seconds: dict, fixed: bool = False, probe_every: int = 8):
-        self.k_max, self.fixed, self.probe_every = int(k_max), fixed, probe_every
-        self.verify = {int(n): float(s) for n, s in verify_seconds.items()}
+    def __init__(self, k_max: int, verify_seconds: dict, fixed: bool = False, probe_every: int = 8,
+                 persist=None):
+        """verify_seconds: the prior curve {rows: seconds}; persist: called with the learned curve
+        when the run ends (finish)."""
+        self.k_max, self.fixed, self.probe_every, self.persist = int(k_max), fixed, probe_every, persist
+        self.prior = {int(n): float(s) for n, s in verify_seconds.items()}
+        self.live: dict[int, float] = {}  # decayed mean of timed passes per row count
+        self.log_scale, self.scaled = 0.0, 0  # live / prior, in logs; passes behind it
+        self.verify = self._curve()
+        self.full = 0       # drafts of the last step when all were accepted, else 0
         self.draft: dict[int, float] = {}
         self.counts = np.zeros((self.k_max, 2))  # decayed (accepted, rejected) per draft position
         self.idle = 0      # steps since the last draft
@@ -38,6 +53,18 @@ class DraftController:
         for j, (acc, rej) in enumerate(self.counts):
             out[j] = prior = (acc + PRIOR * prior) / (acc + rej + PRIOR)
         return out
+
+    def _curve(self) -> dict[int, float]:
+        """Verify seconds per row count: live where seen, the scaled prior elsewhere, and fewer
+        rows never cost more (a stale, noisy 1-row figure above a live 2-row one would make
+        drafting look free; seen on lavapipe: k = 1 on every step, 0.55-0.63x plain)."""
+        scale = float(np.exp(self.log_scale))
+        table = {n: s * scale for n, s in self.prior.items()}
+        table.update(self.live)
+        out, low = {}, float("inf")
+        for n in sorted(table, reverse=True):
+            low = out[n] = min(table[n], low)
+        return dict(sorted(out.items()))
 
     def c_verify(self, n: int) -> float:
         return _interp(self.verify, n)
@@ -60,6 +87,9 @@ class DraftController:
             k = limit
         else:
             k = max(range(limit + 1), key=self.expected_rate)
+            reach = min(limit, 2 * self.full + 1)
+            if self.full and reach > k and reach + 1 not in self.live:
+                k = reach  # the last drafts all held: learn what a longer verify costs here
             self.probing = k == 0 and self.idle >= self.wait
             if self.probing:
                 k = min(2, limit)
@@ -67,21 +97,22 @@ class DraftController:
         self.chosen.append(k)
         return k
 
-    def update(self, k: int, drafted: int, accepted: int, verify_seconds: float, draft_seconds: float,
-               timed: bool = True) -> None:
+    def update(self, k: int, drafted: int, accepted: int, verify_seconds: float | None,
+               draft_seconds: float | None) -> None:
         """After a step that asked for k drafts, got `drafted`, and the target accepted `accepted`;
-        timed=False: the seconds are not typical (a first pass that compiled) and are not learned."""
+        seconds of None are not typical (a first pass that recorded and compiled) and not learned."""
         rows = drafted + 1
-        if timed:
-            self.verify[rows] = t = _ema(self.verify.get(rows), verify_seconds)
-            # fewer rows never cost more: a stale, noisy 1-row figure (only k = 0 steps refresh
-            # it) must not make drafting look free while live n-row timings say otherwise. Only
-            # downwards: one slow pass lifts no other cost
-            for n in self.verify:
-                if n < rows:
-                    self.verify[n] = min(self.verify[n], t)
-            if k:
-                self.draft[k] = _ema(self.draft.get(k), draft_seconds)
+        if verify_seconds is not None:
+            # a pass that paid for compiling or ran on a busy machine moves the scale a bounded step
+            ratio = np.log(max(verify_seconds, 1e-9) / _interp(self.prior, rows))
+            self.scaled += 1
+            step = float(np.clip(ratio - self.log_scale, -MAX_SCALE_STEP, MAX_SCALE_STEP))
+            self.log_scale += step * max(1 - DECAY, 1 / self.scaled)
+            self.live[rows] = _ema(self.live.get(rows), verify_seconds)
+            self.verify = self._curve()
+        if k and draft_seconds is not None:
+            self.draft[k] = _ema(self.draft.get(k), draft_seconds)
+        self.full = drafted if drafted and accepted == drafted else 0
         if self.probing:
             self.wait = self.probe_every if accepted else min(2 * self.wait, MAX_PROBE_WAIT)
             self.probing = False
@@ -90,6 +121,11 @@ class DraftController:
             self.counts[:accepted, 0] += 1
             if accepted < drafted:
                 self.counts[accepted, 1] += 1
+
+    def finish(self) -> None:
+        """Hand the learned curve to `persist` (at the prior's row counts and every live one)."""
+        if self.persist is not None and self.live:
+            self.persist(dict(self.verify))
 
     def summary(self) -> dict:
         """Mean chosen k and why: the expected rate of the mean choice next to plain decoding's."""

@@ -49,22 +49,37 @@ def _key(model) -> str:
 
 def verify_costs(model) -> dict[int, float]:
     """The cached curve for this model, device and cache types, measured now if there is none."""
-    file, key = cache_dir() / "verify-curves.json", _key(model)
-    try:
-        known = json.loads(file.read_text())
-    except (OSError, ValueError):
-        known = {}
+    known, key = _load(), _key(model)
     if isinstance(known.get(key), dict):
         try:
             return {int(n): float(s) for n, s in known[key].items()}
         except (TypeError, ValueError):
             pass
-    log.info("measuring the verify cost curve of this model on this device (once; cached in %s)", file)
+    log.info("measuring the verify cost curve of this model on this device (once; cached in %s)", _file())
     curve = measure(model, reps=3)  # best of 4: one noisy pass once gave a 1-row figure 2.4x too high
-    known[key] = {str(n): s for n, s in curve.items()}
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        file.write_text(json.dumps(known, indent=1))
-    except OSError as exc:  # a read-only cache only costs a measurement next time
-        log.warning("could not cache the verify cost curve in %s: %s", file, exc)
+    remember(model, curve)
     return curve
+
+
+def remember(model, seconds: dict) -> None:
+    """Replace the cached curve with `seconds` (what a run learned from its live verify passes,
+    so a curve measured while the machine was busy heals)."""
+    known = _load()
+    known[_key(model)] = {str(n): float(s) for n, s in sorted(seconds.items())}
+    try:
+        _file().parent.mkdir(parents=True, exist_ok=True)
+        _file().write_text(json.dumps(known, indent=1))
+    except OSError as exc:  # a read-only cache only costs a measurement next time
+        log.warning("could not cache the verify cost curve in %s: %s", _file(), exc)
+
+
+def _file():
+    return cache_dir() / "verify-curves.json"
+
+
+def _load() -> dict:
+    try:
+        known = json.loads(_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}

@@ -51,7 +51,7 @@ class Speculator:
         """control: chooses each step's draft length (None: always up to --draft-max)."""
         self.model, self.stats = model, stats
         self.control = control or DraftController(options.draft_max, {1: 1.0}, fixed=True)
-        self._seen: set = set()  # (asked, drafted) shapes run once: their graphs exist
+        self._seen: set = set()  # (asked, drafted) shapes proposed once: a strategy's graphs exist
         self._warned = False
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
@@ -135,6 +135,7 @@ class Speculator:
             t0 = time.perf_counter()
             prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
             t1 = time.perf_counter()
+            warm = model.recorded(1 + len(prop.tokens), True, self.capture)
             out = model.forward([last] + prop.tokens, all_logits=True, capture=self.capture)
             t2 = time.perf_counter()
             self.stats.verify_seconds += t2 - t1
@@ -142,9 +143,11 @@ class Speculator:
             cache.truncate(pos + 1 + n)
             self.stats.record(len(prop.tokens), n)
             self._watch()
-            # a shape's first pass records its graph and compiles its kernels: not a cost to learn
+            # a first pass records a graph and compiles kernels (a 3-row verify once took 1.8 s,
+            # 40 ms after): not a cost to learn; the same for a strategy's first proposal of a shape
             shape = (max_n, len(prop.tokens))
-            self.control.update(max_n, len(prop.tokens), n, t2 - t1, t1 - t0, timed=shape in self._seen)
+            self.control.update(max_n, len(prop.tokens), n, t2 - t1 if warm else None,
+                                t1 - t0 if shape in self._seen else None)
             self._seen.add(shape)
             log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), max_n, n)
             if self.strategy is not None:
@@ -178,6 +181,7 @@ class Speculator:
 
     def close(self) -> None:
         self.stats.draft_length = self.control.summary()
+        self.control.finish()
         if self.strategy is not None:
             self._guard("close", self.strategy.close)
         self.ctx.close()
