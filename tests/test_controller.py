@@ -142,3 +142,23 @@ def test_summary_says_what_it_chose_and_why():
         c.choose(64)
     s = c.summary()
     assert s["mode"] == "cost-aware" and s["mean_k"] > 0 and s["expected_tps"] > s["plain_tps"]
+
+
+def test_a_length_whose_kernels_must_compile_is_drafted_only_where_the_run_repays_it():
+    """setup(rows): one-time seconds before a first pass of that many rows (lavapipe compiles a
+    new batch width in ~1.6 s): a short run stays plain and does not even probe, a long one drafts."""
+    def setup(rows):
+        return 0.0 if rows == 1 else 1.6
+
+    short, long_ = trained(CPU, 0.8), trained(CPU, 0.8)
+    assert [short.choose(20, setup) for _ in range(40)] == [0] * 40 and short.summary()["held_for_setup"] == 40
+    assert long_.choose(2000, setup) > 0
+    cheap = trained(CPU, 0.8)
+    assert cheap.choose(20, lambda rows: 0.0) > 0  # nothing to compile: the choice is the rate's
+
+
+def test_probes_take_a_length_that_is_ready():
+    c = trained(CPU, 0.0)
+    ready = {1, 4}
+    chosen = [c.choose(30, lambda rows: 0.0 if rows in ready else 1.6) for _ in range(9)]
+    assert chosen[:8] == [0] * 8 and chosen[8] == 3  # the probe (due after 8 idle steps) drafts 3, not 2

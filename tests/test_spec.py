@@ -239,3 +239,27 @@ def test_watchdog_warns_once_when_acceptance_falls_far_below_the_record(target, 
         run(model, tok, lambda ctx: Recorded(None), n=60, draft_max=2)  # no record: nothing to compare
         run(model, tok, lambda ctx: Recorded(0.9), n=20, draft_max=2)   # too few steps to judge
     assert not [r for r in caplog.records if "far below" in r.getMessage()]
+
+
+def test_the_model_says_what_a_first_pass_of_a_size_costs_beyond_running_it(target):
+    """0 once recorded; recording only where a pass of the same kernels (family: batch width)
+    exists; else the cost of the last family that had to compile (the controller weighs it
+    against what is left to run)."""
+    shared, _ = target
+    model = Model(shared.ctx, shared.mf, n_ctx=128)
+    try:
+        assert model.setup_seconds(2, True) == 0.0  # nothing known yet: no estimate
+        model.forward([1, 2, 3])
+        assert model.setup_seconds(2, True) == model.first_record[model._family(3, False)] > 0
+        model.forward([1, 2], all_logits=True)
+        assert model.setup_seconds(2, True) == 0.0
+        assert model._family(3, True) != model._family(2, True)
+        assert model.setup_seconds(3, True) == model.first_record[model._family(2, True)]
+        model.reset()
+        model.forward([1, 2, 3, 4, 5], all_logits=True)
+        model.reset()
+        model.forward([1, 2, 3, 4, 5, 6], all_logits=True)  # same family as 5 rows: recording only
+        assert model._family(7, True) == model._family(5, True) and len(model.graph_seconds) == 1
+        assert model.setup_seconds(7, True) == model.graph_seconds[0] < model.first_record[model._family(5, True)]
+    finally:
+        model.close()

@@ -7,6 +7,7 @@ alone, inside a prefill chunk, or inside a speculative verify batch."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +17,7 @@ from ..kernels.attention import MAX_HEAD_DIM
 from ..kernels.blocks import dequantize
 from ..kernels.copy import copy
 from ..kernels.embed import get_rows
-from ..kernels.matmul import matmul
+from ..kernels.matmul import config_for, matmul, nj_for
 from ..kernels.norm import rms_norm
 from ..kernels.weights import Weight
 from ..kv_cache import KVCache
@@ -49,6 +50,8 @@ class Model:
         if hp.n_ctx_train and n_ctx > hp.n_ctx_train:
             log.warning("context %d exceeds the model's training context %d", n_ctx, hp.n_ctx_train)
         self.store = DeviceStore(ctx)
+        self.first_record: dict[tuple, float] = {}  # seconds to record a family's first pass (compiles)
+        self.graph_seconds: list[float] = []        # seconds to record the later ones
         self.embd = self._mat("token_embd.weight")
         self.output = self.embd if hp.tied_output else self._mat("output.weight")
         self.output_norm = self._vec("output_norm.weight")
@@ -141,12 +144,36 @@ class Model:
         """Whether an n-row pass has its graph (the first one records it and compiles kernels)."""
         return (int(n), all_logits, tuple(sorted(set(int(c) for c in capture)))) in self.store.graphs
 
+    def setup_seconds(self, n: int, all_logits: bool = False, capture=()) -> float:
+        """What a first n-row pass costs beyond running it: 0 once recorded; recording alone where a
+        pass of its family (the same kernels) was recorded; else compiling them too (lavapipe:
+        0.2-0.4 s a kernel, ~1.6 s for a new batch width), as the last new family cost."""
+        if self.recorded(n, all_logits, capture):
+            return 0.0
+        if self._family(n, all_logits) in self.first_record:
+            return float(np.median(self.graph_seconds)) if self.graph_seconds else 0.0
+        return list(self.first_record.values())[-1] if self.first_record else 0.0
+
+    def _family(self, n: int, all_logits: bool):
+        """Passes of one family share every kernel (matmuls specialize on the batch width)."""
+        return nj_for(n, config_for(self.ctx.features)), all_logits and n > 1
+
+    def _recorded(self, n: int, all_logits: bool, capture: tuple) -> Graph:
+        t0 = time.perf_counter()
+        graph = self._record(n, all_logits, capture)
+        seconds, family = time.perf_counter() - t0, self._family(n, all_logits)
+        if family in self.first_record:
+            self.graph_seconds.append(seconds)
+        else:
+            self.first_record[family] = seconds
+        return graph
+
     def _run(self, chunk, all_logits: bool, capture: tuple, need_logits: bool):
         n, hp, cache = chunk.size, self.hp, self.cache
         start = cache.n_past
         if start + n > cache.n_ctx:
             raise VkdflashError(f"context full: {start} + {n} tokens exceed -c {cache.n_ctx}")
-        graph = self.store.graph((n, all_logits, capture), lambda: self._record(n, all_logits, capture))
+        graph = self.store.graph((n, all_logits, capture), lambda: self._recorded(n, all_logits, capture))
         self._stage(chunk, start)
         graph.run()
         cache.n_past = start + n

@@ -14,6 +14,10 @@ machine was busy once made 16 rows look 2.6x dearer than they were, so ngram dra
 a step at 1.6x instead of ~9 at 2.6x). The prior's shape can be wrong too, so after a step
 whose drafts were all accepted it tries a length of 2k + 1 whose cost it has not seen. What it learned goes back to the cache when the run ends (`persist`).
 
+A length whose first pass must compile kernels first (setup: lavapipe takes ~1.6 s for a new
+batch width, more than a 128-token run saves) counts its setup against the time to generate
+what is left, so a short run stays plain where a long one drafts; probes take a ready length.
+
 k = 0 is plain decoding; while the choice stays 0 it drafts a little anyway every `probe_every`
 steps, so the estimates can recover when the text becomes predictable; a probe that gets
 nothing accepted doubles the wait (up to MAX_PROBE_WAIT), so a draft that is never right costs
@@ -45,6 +49,7 @@ class DraftController:
         self.wait = probe_every  # idle steps before the next probe
         self.probing = False
         self.chosen: list[int] = []
+        self.held = 0  # steps that drafted less than the rate asked: the run would not repay a compile
 
     # -- the model -----------------------------------------------------------------
     def acceptance(self) -> np.ndarray:
@@ -78,21 +83,31 @@ class DraftController:
         return tokens / (self.c_verify(k + 1) + self.c_draft(k))
 
     # -- deciding and learning -------------------------------------------------------
-    def choose(self, room: int) -> int:
-        """k for the next step, at most `room`."""
+    def choose(self, room: int, setup=None) -> int:
+        """k for the next step, at most `room` (the tokens left to generate). setup(rows): seconds
+        a first pass of that many rows costs before it runs (kernel compiles: ~1.6 s for a new
+        batch width on lavapipe, more than a short run can earn back), paid only where the rest
+        of the run repays it."""
         limit = min(self.k_max, room)
         if limit <= 0:
             return 0
         if self.fixed:
             k = limit
         else:
-            k = max(range(limit + 1), key=self.expected_rate)
+            setup = setup or (lambda rows: 0.0)
+            # the setup of a length is affordable when it is no dearer than its pass, or small
+            # next to plain decoding of what is left
+            affordable = lambda j: setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * room * self.c_verify(1))  # noqa: E731
+            k = min(range(limit + 1), key=lambda j: room / self.expected_rate(j) + setup(j + 1))
+            self.held += k < max(range(limit + 1), key=self.expected_rate)
             reach = min(limit, 2 * self.full + 1)
-            if self.full and reach > k and reach + 1 not in self.live:
+            if self.full and reach > k and reach + 1 not in self.live and affordable(reach):
                 k = reach  # the last drafts all held: learn what a longer verify costs here
             self.probing = k == 0 and self.idle >= self.wait
             if self.probing:
-                k = min(2, limit)
+                cheap = [j for j in range(1, limit + 1) if affordable(j)]
+                k = min(cheap, key=lambda j: abs(j - 2)) if cheap else 0
+                self.probing = k > 0
         self.idle = 0 if k else self.idle + 1
         self.chosen.append(k)
         return k
@@ -131,7 +146,7 @@ class DraftController:
         """Mean chosen k and why: the expected rate of the mean choice next to plain decoding's."""
         mean_k = float(np.mean(self.chosen)) if self.chosen else 0.0
         k = int(round(mean_k))
-        return {"mode": "fixed" if self.fixed else "cost-aware", "mean_k": mean_k,
+        return {"mode": "fixed" if self.fixed else "cost-aware", "mean_k": mean_k, "held_for_setup": self.held,
                 "expected_tps": self.expected_rate(k), "plain_tps": self.expected_rate(0),
                 "acceptance": [round(float(a), 3) for a in self.acceptance()],
                 "verify_seconds": {str(n): s for n, s in sorted(self.verify.items())}}

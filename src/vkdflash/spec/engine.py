@@ -131,7 +131,8 @@ class Speculator:
             room = min(budget - emitted - 1, cache.n_ctx - pos - 1)
             if pos >= cache.n_ctx:
                 return
-            max_n = self.control.choose(room) if self.strategy is not None else 0
+            max_n = self.control.choose(room, lambda rows: model.setup_seconds(rows, True, self.capture)) \
+                if self.strategy is not None else 0
             t0 = time.perf_counter()
             prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
             t1 = time.perf_counter()

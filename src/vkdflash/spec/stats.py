@@ -56,4 +56,7 @@ class SpecStats:
         if d:
             text += (f"; draft length {d['mode']}: mean k {d['mean_k']:.1f}, expected {d['expected_tps']:.1f} "
                      f"tok/s vs {d['plain_tps']:.1f} plain")
+            if d.get("held_for_setup"):
+                text += (f", {d['held_for_setup']} steps drafted less than the rate asked: the kernels of a "
+                         "longer verify would take longer to compile than the rest of the run saves")
         return text + (f"; switched off: {self.disabled}" if self.disabled else "")
