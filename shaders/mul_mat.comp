@@ -39,8 +39,7 @@ layout(constant_id = 6) const uint TAIL = 0u;    // WIDE: blocks per row mod G
 layout(constant_id = 7) const uint JROLL = 0u;   // 1: a rolled loop over the NJ slots (compiles
                                                  // ~60x faster on LLVM without XBCAST, runs slower)
 layout(constant_id = 8) const uint R = 1u;       // weight rows per lane (WIDE, 32-value blocks)
-layout(constant_id = 9) const uint ACC = 0u;     // 1: y += W x (a residual add without a dispatch)
-layout(constant_id = 10) const uint TILE = 1u;   // rows per interleaved tile of W (and U)
+layout(constant_id = 9) const uint TILE = 1u;    // rows per interleaved tile of W (and U)
 
 #ifdef TEXEL
 layout(binding = 0) uniform usamplerBuffer w_tex;  // u32x4 texels (wide path), else u32
@@ -80,6 +79,10 @@ layout(push_constant) uniform Push {
     // Output segments: features [0, end0) form matrix 0 of Y, [end0, end1) matrix 1, [end1,
     // end2) matrix 2, each row-major from float `base` of Y (one matmul fills Q, K and V).
     uint end0, end1, end2, base0, base1, base2;
+    // 1: y += W x (a residual add without a dispatch). A push constant, not a specialization:
+    // each specialization is one more kernel to compile (lavapipe: 0.2-0.4 s), and the branch
+    // is taken once per output
+    uint acc;
 } p;
 
 // y index of output feature f of activation row j
@@ -373,7 +376,7 @@ void main() {
                 uint at = y_index(j, p.row0 + r[i]);
                 // silu(g) * u spelled as elementwise.comp's swiglu, so the bits match it
                 float g = acc[i][jj], v = GLU_ON ? g / (1.0 + exp(-g)) * acc[GLU_ON ? i + RO : i][jj] : g;
-                if (j < p.n) y[at] = ACC != 0u ? y[at] + v : v;
+                if (j < p.n) y[at] = p.acc != 0u ? y[at] + v : v;
             }
         }
     }

@@ -163,9 +163,10 @@ def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulC
     shader = "mul_mat" + ("_texel" if texel else "") + ("_glu" if up_piece else "")
     texels = texels if texel else ()
     spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, int(cfg.xbcast), tail,
-            int(cfg.rolled_slots), rl, int(accumulate), weight.tile)
-    pipe = ctx.pipeline(shader, len(bound), 44, spec, texels)
-    push = struct.pack("<11I", piece.rows, weight.cols, n, piece.first_row, weight.stride, *segments[0], *segments[1])
+            int(cfg.rolled_slots), rl, weight.tile)
+    pipe = ctx.pipeline(shader, len(bound), 48, spec, texels)
+    push = struct.pack("<12I", piece.rows, weight.cols, n, piece.first_row, weight.stride, *segments[0], *segments[1],
+                       int(accumulate))
     rows_out = rl // 2 if up_piece else rl
     graph.dispatch(pipe, bound, (-(-piece.rows // (cfg.rows_per_group * rows_out)), groups_y), push,
                    barrier=piece is weight.pieces[0], label=f"mul_mat{'_glu' if up_piece else ''}/{weight.ttype.name}")
