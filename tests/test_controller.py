@@ -162,3 +162,23 @@ def test_probes_take_a_length_that_is_ready():
     ready = {1, 4}
     chosen = [c.choose(30, lambda rows: 0.0 if rows in ready else 1.6) for _ in range(9)]
     assert chosen[:8] == [0] * 8 and chosen[8] == 3  # the probe (due after 8 idle steps) drafts 3, not 2
+
+
+def test_a_strategy_whose_upkeep_outweighs_what_it_saves_is_judged_not_to_pay():
+    """MTP on lavapipe: ~17 ms a step keeping its state (commit) whatever k, at a_1 ~0.6 a
+    verify of ~40 ms: slower than plain decoding at every k, so it should be switched off."""
+    def fed(overhead: float, fixed: bool = False, steps: int = 40):
+        c = DraftController(2, CPU, fixed=fixed)
+        r = np.random.default_rng(0)
+        for i in range(steps):
+            k = c.choose(1000)
+            accepted = int(k > 0 and r.random() < 0.6)
+            c.update(k, k, accepted, CPU[1] if not k else float(np.interp(k + 1, list(CPU), list(CPU.values()))), 0.015)
+            c.note_overhead(overhead)
+            if i + 1 < 16:
+                assert c.stop_reason() is None  # too little evidence yet
+        return c.stop_reason()
+
+    reason = fed(0.030)
+    assert reason and "costs more than it saves" in reason and "30 ms keeping its state" in reason
+    assert fed(0.001) is None and fed(0.030, fixed=True) is None

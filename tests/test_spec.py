@@ -263,3 +263,27 @@ def test_the_model_says_what_a_first_pass_of_a_size_costs_beyond_running_it(targ
         assert model.setup_seconds(7, True) == model.graph_seconds[0] < model.first_record[model._family(5, True)]
     finally:
         model.close()
+
+
+class Laborious(Oracle):
+    """Always right, but keeping its state costs far more than a verify pass of this tiny model."""
+
+    def commit(self, ctx):
+        import time
+        time.sleep(0.02)
+
+
+def test_a_strategy_that_costs_more_than_it_saves_is_switched_off_and_output_stays_the_same(target, caplog):
+    from vkdflash.spec.controller import STOP_STEPS, DraftController
+    model, tok = target
+    plain, _ = run(model, tok, n=40)
+    stats = SpecStats()
+    spec = Speculator(model, "laborious", lambda ctx: Laborious(plain), StrategyOptions(draft_max=1), stats,
+                      DraftController(1, {n: 0.002 * n for n in (1, 2, 4, 8)}))
+    with caplog.at_level(logging.WARNING, logger="vkdflash"):
+        got = list(generate(model, tok, PROMPT, 40, Sampler(temp=0.0), (), Stats(), spec))
+    spec.close()
+    assert "".join(got) == "".join(generate(model, tok, PROMPT, 40, Sampler(temp=0.0)))
+    # judged once STOP_STEPS passes were timed (a first, compiling pass is not), long before the end
+    assert stats.disabled and "costs more than it saves" in stats.disabled and STOP_STEPS - 2 <= stats.steps <= STOP_STEPS + 2
+    assert any("switched off" in r.getMessage() for r in caplog.records)

@@ -18,6 +18,12 @@ A length whose first pass must compile kernels first (setup: lavapipe takes ~1.6
 batch width, more than a 128-token run saves) counts its setup against the time to generate
 what is left, so a short run stays plain where a long one drafts; probes take a ready length.
 
+Keeping a strategy's state (its commit: MTP runs its head over each committed token) costs
+every step whatever k, so T(k) includes that overhead (the median of recent commits: a first
+commit of a shape compiles); once the evidence (STOP_STEPS timed steps) says the best k with
+the strategy is below STOP_RATIO of plain decoding without it, `stop_reason()` says why and the
+engine switches the strategy off: k = 0 alone cannot stop a strategy's upkeep.
+
 k = 0 is plain decoding; while the choice stays 0 it drafts a little anyway every `probe_every`
 steps, so the estimates can recover when the text becomes predictable; a probe that gets
 nothing accepted doubles the wait (up to MAX_PROBE_WAIT), so a draft that is never right costs
@@ -29,6 +35,8 @@ import numpy as np
 DECAY = 0.9        # weight of the past in the acceptance counts and timing averages, per update
 PRIOR = 2.0        # pseudo-counts behind a_j's prior: a_{j-1} (0.5 for a_1)
 MAX_PROBE_WAIT = 128
+STOP_STEPS = 16    # timed steps before judging whether the strategy pays
+STOP_RATIO = 0.9   # below this share of plain decoding's rate, it does not
 MAX_SCALE_STEP = float(np.log(4.0))  # most one pass can pull the prior's scale (times its weight)
 
 
@@ -49,6 +57,7 @@ class DraftController:
         self.wait = probe_every  # idle steps before the next probe
         self.probing = False
         self.chosen: list[int] = []
+        self.overhead, self.overheads = 0.0, []  # seconds a step spends keeping the strategy's state, whatever k
         self.held = 0  # steps that drafted less than the rate asked: the run would not repay a compile
 
     # -- the model -----------------------------------------------------------------
@@ -80,7 +89,31 @@ class DraftController:
     def expected_rate(self, k: int) -> float:
         """Committed tokens per second with k drafts."""
         tokens = 1.0 + float(np.sum(np.cumprod(self.acceptance()[:k]))) if k else 1.0
-        return tokens / (self.c_verify(k + 1) + self.c_draft(k))
+        return tokens / (self.c_verify(k + 1) + self.c_draft(k) + self.overhead)
+
+    def plain_rate(self) -> float:
+        """Tokens per second without the strategy at all."""
+        return 1.0 / self.c_verify(1)
+
+    def stop_reason(self) -> str | None:
+        """Why the strategy should be switched off (it costs more than it saves), or None while it
+        pays or the evidence is thin (never when fixed)."""
+        if self.fixed or self.scaled < STOP_STEPS:
+            return None
+        k = max(range(self.k_max + 1), key=self.expected_rate)
+        best, plain = self.expected_rate(k), self.plain_rate()
+        if best >= STOP_RATIO * plain:
+            return None
+        return (f"it costs more than it saves here: at best {best:.1f} tok/s with it (k {k}, a_1 "
+                f"{self.acceptance()[0]:.2f}, {1000 * self.c_draft(max(k, 1)):.0f} ms drafting and "
+                f"{1000 * self.overhead:.0f} ms keeping its state a step) against {plain:.1f} tok/s without; "
+                "--draft-fixed keeps it on")
+
+    def note_overhead(self, seconds: float) -> None:
+        """Seconds the last step spent keeping the strategy's state (its commit); the median of
+        the recent ones, as a first commit of a shape may compile kernels."""
+        self.overheads = (self.overheads + [seconds])[-STOP_STEPS:]
+        self.overhead = float(np.median(self.overheads))
 
     # -- deciding and learning -------------------------------------------------------
     def choose(self, room: int, setup=None) -> int:
@@ -147,7 +180,8 @@ class DraftController:
         mean_k = float(np.mean(self.chosen)) if self.chosen else 0.0
         k = int(round(mean_k))
         return {"mode": "fixed" if self.fixed else "cost-aware", "mean_k": mean_k, "held_for_setup": self.held,
-                "expected_tps": self.expected_rate(k), "plain_tps": self.expected_rate(0),
+                "expected_tps": self.expected_rate(k), "plain_tps": self.plain_rate(),
+                "overhead_seconds": self.overhead,
                 "acceptance": [round(float(a), 3) for a in self.acceptance()],
                 "verify_seconds": {str(n): s for n, s in sorted(self.verify.items())}}
 

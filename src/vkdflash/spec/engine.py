@@ -136,8 +136,9 @@ class Speculator:
             t0 = time.perf_counter()
             prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
             t1 = time.perf_counter()
-            warm = model.recorded(1 + len(prop.tokens), True, self.capture)
-            out = model.forward([last] + prop.tokens, all_logits=True, capture=self.capture)
+            capture = self.capture if self.strategy is not None else ()  # a switched-off strategy reads none
+            warm = model.recorded(1 + len(prop.tokens), True, capture)
+            out = model.forward([last] + prop.tokens, all_logits=True, capture=capture)
             t2 = time.perf_counter()
             self.stats.verify_seconds += t2 - t1
             n, nxt = verify(prop.tokens, out.logits, sampler, prop.probs)
@@ -153,7 +154,10 @@ class Speculator:
             log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), max_n, n)
             if self.strategy is not None:
                 self._committed(out, pos, 1 + n, [last] + prop.tokens[:n])
-                self._timed_inject(lambda: self.strategy.commit(self.ctx), "commit")
+                self.control.note_overhead(self._timed_inject(lambda: self.strategy.commit(self.ctx), "commit"))
+                reason = self.control.stop_reason()
+                if reason:
+                    self._disable(reason)
             for t in prop.tokens[:n]:
                 yield t
                 emitted += 1
@@ -175,10 +179,12 @@ class Speculator:
                         "at T %.2g, or prompts unlike its training data", st.strategy, live, st.steps, expected,
                         o.cache_type_k, o.cache_type_v, "on" if o.rotate else "OFF", self.ctx.temperature)
 
-    def _timed_inject(self, call, what: str) -> None:
+    def _timed_inject(self, call, what: str) -> float:
         t0 = time.perf_counter()
         self._guard(what, call)
-        self.stats.inject_seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.stats.inject_seconds += seconds
+        return seconds
 
     def close(self) -> None:
         self.stats.draft_length = self.control.summary()
