@@ -287,3 +287,35 @@ def test_a_strategy_that_costs_more_than_it_saves_is_switched_off_and_output_sta
     # judged once STOP_STEPS passes were timed (a first, compiling pass is not), long before the end
     assert stats.disabled and "costs more than it saves" in stats.disabled and STOP_STEPS - 2 <= stats.steps <= STOP_STEPS + 2
     assert any("switched off" in r.getMessage() for r in caplog.records)
+
+
+class Asked(Oracle):
+    """The oracle, noting every draft length it is asked for."""
+
+    def __init__(self, reference, asked):
+        super().__init__(reference)
+        self.asked = asked
+
+    def propose(self, ctx, last_token, max_n):
+        self.asked.append(max_n)
+        return super().propose(ctx, last_token, max_n)
+
+
+def test_bench_spec_warms_every_length_before_the_measured_run(target):
+    """The warm-up asks for 1, 2, .., draft max in turn and records every verify length, so the
+    measured run is the steady state: no kernel compiles for the controller to avoid there."""
+    from vkdflash import bench
+    from vkdflash.spec.controller import DraftController
+    model, tok = target
+    plain, _ = run(model, tok, n=40)
+    asked = []
+
+    def make(stats):
+        return Speculator(model, "asked", lambda ctx: Asked(plain, asked), StrategyOptions(draft_max=4), stats,
+                          DraftController(4, {n: 0.002 * n for n in (1, 2, 4, 8)}))
+
+    report = bench.spec(model, tok, tok.decode(PROMPT), 24, make)
+    assert report["identical_output"]
+    assert asked[:8] == [1, 2, 3, 4, 1, 2, 3, 4]
+    assert all(model.recorded(n, True) for n in range(1, 6))
+    assert report["spec"]["draft_length"]["held_for_setup"] == 0

@@ -10,6 +10,7 @@ from .kernels.matmul import MatmulConfig, matmul
 from .kernels.weights import Weight
 from .ref.quants import random_blocks
 from .runtime.graph import Graph
+from .spec.controller import DraftController
 from .spec.curve import ROWS, measure
 
 COPY_SHAPES = [(8, 1), (8, 2), (8, 4), (64, 2), (64, 16), (256, 64)]  # (workgroup, groups)
@@ -136,6 +137,15 @@ def verify_curve(m, rows=ROWS, context: int = 64, reps: int = 3) -> dict:
             "relative": {str(n): s / seconds[rows[0]] for n, s in seconds.items()}}
 
 
+class Sweep(DraftController):
+    """Asks for 1, 2, .., k_max drafts in turn: a warm-up that compiles every length's kernels."""
+
+    def choose(self, room: int, setup=None) -> int:
+        k = min(len(self.chosen) % self.k_max + 1, room)
+        self.chosen.append(k)
+        return k
+
+
 SPEC_PROMPT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
                "def factorial(n):\n")
 
@@ -150,6 +160,17 @@ def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator) -> dict:
     for label in ("warmup", "none", "spec"):
         stats, spec_stats = Stats(), SpecStats()
         speculator = make_speculator(spec_stats) if label != "none" else None
+        if label == "warmup" and speculator is not None:
+            # every length's kernels compiled, the target's and the strategy's, as in a server that
+            # has run a while: the measured run is the steady state (a short cold run's compiles
+            # are the controller's to weigh); the curve it learns is cached for the measured run
+            k_max = speculator.ctx.options.draft_max
+            for n in range(1, min(k_max, m.cache.n_ctx - len(ids)) + 2):
+                m.reset()
+                m.forward([ids[0]] * n, all_logits=True, capture=speculator.capture)
+            m.reset()
+            persist = getattr(speculator.control, "persist", None)
+            speculator.control = Sweep(k_max, {1: 1.0}, persist=persist)
         t0 = time.perf_counter()
         for _ in generate(m, tokenizer, ids, n_gen, Sampler(temp=0.0), (), stats, speculator):
             pass
