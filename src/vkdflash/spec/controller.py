@@ -12,7 +12,8 @@ learns from every timed verify pass: a row count seen live costs what it measure
 keep the prior's shape, scaled by how live passes compare with it (a curve cached while the
 machine was busy once made 16 rows look 2.6x dearer than they were, so ngram drafted ~1 token
 a step at 1.6x instead of ~9 at 2.6x). The prior's shape can be wrong too, so after a step
-whose drafts were all accepted it tries a length of 2k + 1 whose cost it has not seen. What it learned goes back to the cache when the run ends (`persist`).
+whose drafts were all accepted it tries a length of 2k + 1 whose cost it has not seen. What it
+learned goes back to the cache when the run ends (`persist`).
 
 A length whose first pass must compile kernels first (setup: lavapipe takes ~1.6 s for a new
 batch width, more than a 128-token run saves) counts its setup against the time to generate
@@ -128,9 +129,10 @@ class DraftController:
             k = limit
         else:
             setup = setup or (lambda rows: 0.0)
-            # the setup of a length is affordable when it is no dearer than its pass, or small
-            # next to plain decoding of what is left
-            affordable = lambda j: setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * room * self.c_verify(1))  # noqa: E731
+
+            def affordable(j: int) -> bool:  # no dearer than its pass, or small next to what is left
+                return setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * room * self.c_verify(1))
+
             k = min(range(limit + 1), key=lambda j: room / self.expected_rate(j) + setup(j + 1))
             self.held += k < max(range(limit + 1), key=self.expected_rate)
             reach = min(limit, 2 * self.full + 1)
