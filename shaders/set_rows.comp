@@ -5,6 +5,10 @@
 // same rows can be stored into any number of caches of any types.
 // One invocation per unit of U values (a 32-value block, or one ROT-value rotation chunk),
 // so no two invocations touch the same bytes.
+// KV variant: K and V rows of one type and rotation in one dispatch (the second half of the
+// units stores src_v into cache_v at the same positions): one dispatch a layer fewer.
+//! variant set_rows
+//! variant set_rows_kv KV=1
 #include "common.glsl"
 #include "types.glsl"
 #include "hadamard.glsl"
@@ -17,6 +21,10 @@ const uint U = ROT > 32u ? ROT : 32u;                    // values per invocatio
 layout(binding = 0) readonly buffer Src { float src[]; };
 layout(binding = 1) readonly buffer Pos { uint pos[]; };   // rewritten between replays
 layout(binding = 2) buffer Cache { uint16_t cache[]; };
+#ifdef KV
+layout(binding = 3) readonly buffer SrcV { float src_v[]; };
+layout(binding = 4) buffer CacheV { uint16_t cache_v[]; };
+#endif
 
 layout(push_constant) uniform Push {
     uint n_rows;      // rows to store
@@ -29,22 +37,40 @@ layout(push_constant) uniform Push {
 #define QZ_BUF cache
 #define QZ_FN quantize_block
 #include "quantize.glsl"
+#undef QZ_BUF
+#undef QZ_FN
+
+#ifdef KV
+#define QZ_BUF cache_v
+#define QZ_FN quantize_block_v
+#include "quantize.glsl"
+const uint HALVES = 2u;
+float load(bool second, uint i) { return second ? src_v[i] : src[i]; }
+void store(bool second, uint base, float x[32]) {
+    if (second) quantize_block_v(CACHE_TYPE, base, x); else quantize_block(CACHE_TYPE, base, x);
+}
+#else
+const uint HALVES = 1u;
+float load(bool second, uint i) { return src[i]; }
+void store(bool second, uint base, float x[32]) { quantize_block(CACHE_TYPE, base, x); }
+#endif
 
 void main() {
     uint upr = p.row_len / U, bpr = p.row_len / 32u, words = type_u16(CACHE_TYPE);
-    uint total = p.n_rows * upr, stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
-    for (uint u = gl_GlobalInvocationID.x; u < total; u += stride) {
-        uint r = u / upr, k = u - r * upr;
+    uint half_ = p.n_rows * upr, stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+    for (uint u = gl_GlobalInvocationID.x; u < HALVES * half_; u += stride) {
+        bool second = u >= half_;  // KV: a V unit
+        uint uu = second ? u - half_ : u, r = uu / upr, k = uu - r * upr;
         uint row = pos[r] - p.row0;  // wraps past n_ctx when below row0
         if (row >= p.n_ctx) continue;  // another piece's row (the host rejects out-of-range positions)
         float v[U];
         uint s = r * p.src_stride + k * U;
-        [[unroll]] for (uint i = 0; i < U; i++) v[i] = src[s + i];
+        [[unroll]] for (uint i = 0; i < U; i++) v[i] = load(second, s + i);
         if (ROT > 0u) { FWHT(v, 0u, ROT, ROT_SCALE) }
         for (uint b = 0; b < U / 32u; b++) {
             float x[32];
             [[unroll]] for (uint i = 0; i < 32; i++) x[i] = v[32u * b + i];
-            quantize_block(CACHE_TYPE, (row * bpr + k * (U / 32u) + b) * words, x);
+            store(second, (row * bpr + k * (U / 32u) + b) * words, x);
         }
     }
 }

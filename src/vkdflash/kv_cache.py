@@ -116,11 +116,16 @@ class KVCache:
         graph.after_run(lambda: _written(info, layer, positions, n_rows))
 
     def _store(self, graph, layer: int, k_rows, v_rows, positions, n_rows: int) -> None:
-        """Rotate (where that half is quantized), quantize and store: one kernel per half."""
+        """Rotate (where that half is quantized), quantize and store: one kernel for both halves
+        where they share type and rotation, else one per half."""
         k_view, v_view = self._views(layer)
         with graph.on_behalf_of(self._owner):
-            store_rows(graph, k_rows, positions, k_view, n_rows, self.row_len, self.ctk, rotation=self.k_rot)
-            store_rows(graph, v_rows, positions, v_view, n_rows, self.row_len, self.ctv, rotation=self.v_rot)
+            if (self.ctk, self.k_rot) == (self.ctv, self.v_rot):
+                store_rows(graph, k_rows, positions, k_view, n_rows, self.row_len, self.ctk, rotation=self.k_rot,
+                           second=(v_rows, v_view))
+            else:
+                store_rows(graph, k_rows, positions, k_view, n_rows, self.row_len, self.ctk, rotation=self.k_rot)
+                store_rows(graph, v_rows, positions, v_view, n_rows, self.row_len, self.ctv, rotation=self.v_rot)
 
     # -- the matching read path ---------------------------------------------------
     def attend(self, graph, layer: int, q, out, params, n_q: int, n_head: int, mask: str = "causal") -> None:

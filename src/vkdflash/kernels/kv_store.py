@@ -55,13 +55,16 @@ def write_positions(positions_buffer, positions, n_ctx: int, offset: int = 0) ->
 
 
 def store_rows(graph, src_view, positions_view, cache_view, n_rows: int, row_len: int, cache_type: str,
-               src_stride: int | None = None, rotation: int = 0, workgroup: int = WORKGROUP) -> None:
+               src_stride: int | None = None, rotation: int = 0, workgroup: int = WORKGROUP,
+               second=None) -> None:
     """Record: cache[positions[r]] = quantize(H src[r]) for r < n_rows, H the Hadamard rotation
     in `rotation`-value chunks (0: none), applied in registers: src is only read.
 
     src_view: n_rows f32 rows, `src_stride` floats apart (default row_len); positions_view:
     n_rows uint32 (see write_positions); cache_view: the whole cache (n_ctx rows). Caches
-    larger than one binding are stored piece by piece, each dispatch skipping rows of others."""
+    larger than one binding are stored piece by piece, each dispatch skipping rows of others.
+    second: (src_view, cache_view) stored alike at the same positions, in the same dispatch
+    where both caches fit one binding (a layer's K and V: one dispatch fewer)."""
     t = get_type(cache_type)
     rb = cache_row_bytes(row_len, cache_type)
     stride = row_len if src_stride is None else int(src_stride)
@@ -72,21 +75,32 @@ def store_rows(graph, src_view, positions_view, cache_view, n_rows: int, row_len
                             f"divide the row, not {rotation} for rows of {row_len}")
     if stride < row_len:
         raise VkdflashError(f"source stride {stride} is shorter than a row of {row_len} values")
-    src, pos, cache = as_view(src_view), as_view(positions_view), as_view(cache_view)
-    if src.size < 4 * ((n_rows - 1) * stride + row_len):
-        raise VkdflashError(f"source of {src.size} bytes holds fewer than {n_rows} rows of {row_len} floats")
+    pairs = [(as_view(src_view), as_view(cache_view))] + ([tuple(as_view(v) for v in second)] if second else [])
+    for src, _ in pairs:
+        if src.size < 4 * ((n_rows - 1) * stride + row_len):
+            raise VkdflashError(f"source of {src.size} bytes holds fewer than {n_rows} rows of {row_len} floats")
+    pos = as_view(positions_view)
     if pos.size < 4 * n_rows:
         raise VkdflashError(f"positions buffer of {pos.size} bytes holds fewer than {n_rows} uint32")
-    n_ctx = cache_rows(cache, row_len, cache_type)
+    n_ctx = [cache_rows(cache, row_len, cache_type) for _, cache in pairs]
+    if len(set(n_ctx)) > 1:
+        raise VkdflashError(f"the two caches of one store hold {n_ctx[0]} and {n_ctx[1]} rows")
     ctx = graph.ctx
-    pipe = ctx.pipeline("set_rows", 3, 20, (workgroup, t.id, rotation, float(scale(rotation)) if rotation else 1.0))
+    spec = (workgroup, t.id, rotation, float(scale(rotation)) if rotation else 1.0)
     units = n_rows * row_len // max(rotation, 32)
-    groups = -(-units // workgroup)
-    for row0, count in _pieces(ctx, n_ctx, rb, cache.offset):
-        piece = cache.buffer.view(cache.offset + row0 * rb, count * rb)
-        push = struct.pack("<5I", n_rows, row_len, stride, row0, count)
-        graph.dispatch(pipe, [src, pos, piece], (groups,), push,
-                       label=f"set_rows.{t.name}" + (f".rot{rotation}" if rotation else ""))
+    label = f"set_rows.{t.name}" + (f".rot{rotation}" if rotation else "")
+    push = struct.pack("<5I", n_rows, row_len, stride, 0, n_ctx[0])
+    if second and all(len(_pieces(ctx, n_ctx[0], rb, cache.offset)) == 1 for _, cache in pairs):
+        (src, cache), (src_v, cache_v) = pairs
+        graph.dispatch(ctx.pipeline("set_rows_kv", 5, 20, spec), [src, pos, cache, src_v, cache_v],
+                       (-(-2 * units // workgroup),), push, label=label + ".kv")
+        return
+    pipe = ctx.pipeline("set_rows", 3, 20, spec)
+    for src, cache in pairs:
+        for row0, count in _pieces(ctx, n_ctx[0], rb, cache.offset):
+            piece = cache.buffer.view(cache.offset + row0 * rb, count * rb)
+            graph.dispatch(pipe, [src, pos, piece], (-(-units // workgroup),),
+                           struct.pack("<5I", n_rows, row_len, stride, row0, count), label=label)
 
 
 def _pieces(ctx, n_ctx: int, row_bytes: int, offset: int) -> list[tuple[int, int]]:
