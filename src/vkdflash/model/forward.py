@@ -50,6 +50,7 @@ class Model:
         if hp.n_ctx_train and n_ctx > hp.n_ctx_train:
             log.warning("context %d exceeds the model's training context %d", n_ctx, hp.n_ctx_train)
         self.store = DeviceStore(ctx)
+        self.matmul_config = config_for(ctx.features)
         self.first_record: dict[tuple, float] = {}  # seconds to record a family's first pass (compiles)
         self.graph_seconds: list[float] = []        # seconds to record the later ones
         self.embd = self._mat("token_embd.weight")
@@ -156,7 +157,7 @@ class Model:
 
     def _family(self, n: int, all_logits: bool):
         """Passes of one family share every kernel (matmuls specialize on the batch width)."""
-        return nj_for(n, config_for(self.ctx.features)), all_logits and n > 1
+        return nj_for(n, self.matmul_config), all_logits and n > 1
 
     def _recorded(self, n: int, all_logits: bool, capture: tuple) -> Graph:
         t0 = time.perf_counter()

@@ -87,10 +87,13 @@ class DraftController:
     def c_draft(self, k: int) -> float:
         return _interp(self.draft, k) if k and self.draft else 0.0
 
+    def rates(self, limit: int) -> list[float]:
+        """Committed tokens per second with k = 0..limit drafts."""
+        tokens = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.acceptance()[:limit]))])
+        return [float(t) / (self.c_verify(k + 1) + self.c_draft(k) + self.overhead) for k, t in enumerate(tokens)]
+
     def expected_rate(self, k: int) -> float:
-        """Committed tokens per second with k drafts."""
-        tokens = 1.0 + float(np.sum(np.cumprod(self.acceptance()[:k]))) if k else 1.0
-        return tokens / (self.c_verify(k + 1) + self.c_draft(k) + self.overhead)
+        return self.rates(k)[k]
 
     def plain_rate(self) -> float:
         """Tokens per second without the strategy at all."""
@@ -101,8 +104,9 @@ class DraftController:
         pays or the evidence is thin (never when fixed)."""
         if self.fixed or self.scaled < STOP_STEPS:
             return None
-        k = max(range(self.k_max + 1), key=self.expected_rate)
-        best, plain = self.expected_rate(k), self.plain_rate()
+        rates = self.rates(self.k_max)
+        k = int(np.argmax(rates))
+        best, plain = rates[k], self.plain_rate()
         if best >= STOP_RATIO * plain:
             return None
         return (f"it costs more than it saves here: at best {best:.1f} tok/s with it (k {k}, a_1 "
@@ -133,8 +137,9 @@ class DraftController:
             def affordable(j: int) -> bool:  # no dearer than its pass, or small next to what is left
                 return setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * room * self.c_verify(1))
 
-            k = min(range(limit + 1), key=lambda j: room / self.expected_rate(j) + setup(j + 1))
-            self.held += k < max(range(limit + 1), key=self.expected_rate)
+            rates = self.rates(limit)
+            k = min(range(limit + 1), key=lambda j: room / rates[j] + setup(j + 1))
+            self.held += k < int(np.argmax(rates))
             reach = min(limit, 2 * self.full + 1)
             if self.full and reach > k and reach + 1 not in self.live and affordable(reach):
                 k = reach  # the last drafts all held: learn what a longer verify costs here
