@@ -260,7 +260,8 @@ def test_the_model_says_what_a_first_pass_of_a_size_costs_beyond_running_it(targ
         model.reset()
         model.forward([1, 2, 3, 4, 5, 6], all_logits=True)  # same family as 5 rows: recording only
         assert model._family(7, True) == model._family(5, True) and len(model.graph_seconds) == 1
-        assert model.setup_seconds(7, True) == model.graph_seconds[0] < model.first_record[model._family(5, True)]
+        # (no order between the two: this shares a context whose kernels other tests compiled)
+        assert model.setup_seconds(7, True) == model.graph_seconds[0]
     finally:
         model.close()
 
