@@ -182,3 +182,20 @@ def test_a_strategy_whose_upkeep_outweighs_what_it_saves_is_judged_not_to_pay():
     reason = fed(0.030)
     assert reason and "costs more than it saves" in reason and "30 ms keeping its state" in reason
     assert fed(0.001) is None and fed(0.030, fixed=True) is None
+
+
+def test_a_strategy_none_of_whose_drafts_is_accepted_is_judged_not_to_pay():
+    """Its upkeep (captures, commits) hides in the live verify costs, so the rate test alone
+    would keep a never-right draft on at ~0.9x plain: no acceptance in 4+ drafts is enough."""
+    c = DraftController(4, CPU)
+    for i in range(20):
+        k = c.choose(1000)
+        c.update(k, k, 0, CPU[1] if not k else CPU[min(CPU, key=lambda n: abs(n - k - 1))], 0.001)
+        if c.stop_reason():
+            break
+    assert i + 1 == 16 and "none of its" in c.stop_reason() and c.total[0] >= 4 and c.total[1] == 0
+    lucky = DraftController(4, CPU)
+    for _ in range(20):
+        k = lucky.choose(1000)
+        lucky.update(k, k, int(k > 0 and lucky.total[1] == 0), CPU[1] if not k else CPU[2], 0.001)
+    assert lucky.total[1] == 1 and lucky.stop_reason() is None  # one accepted draft: judged by its rate

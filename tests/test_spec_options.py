@@ -102,6 +102,9 @@ def test_bench_spec_needs_a_strategy_and_runs_one(model):
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     assert report["none_tps"] > 0 and report["spec_tps"] > 0
+    res = run("bench", "spec", "-m", model, "-n", "1", "-c", "128", "--spec", "ngram")  # no decode step to time
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 1 and len(lines) == 1 and "no decoding to compare" in lines[0], res.output
 
 
 def test_the_verify_curve_is_measured_once_and_cached(model, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 
+from .errors import VkdflashError
 from .kernels.copy import copy
 from .kernels.matmul import MatmulConfig, matmul
 from .kernels.weights import Weight
@@ -181,6 +182,9 @@ def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator) -> dict:
         runs[label] = {"tokens": stats.tokens, "seconds": seconds, "decode_tps": stats.decode_tps,
                        "stats": spec_stats.as_dict() if speculator is not None else None}
     none, sp = runs["none"], runs["spec"]
+    if not none["decode_tps"]:
+        raise VkdflashError(f"the prompt's greedy continuation stops after {len(none['tokens'])} token(s), "
+                            "so there is no decoding to compare: give a prompt that runs on")
     return {"device": m.ctx.features.name, "model": m.hp.arch, "n_gen": n_gen, "prompt_tokens": len(ids),
             "none_tps": none["decode_tps"], "spec_tps": sp["decode_tps"],
             "speedup": sp["decode_tps"] / none["decode_tps"], "identical_output": none["tokens"] == sp["tokens"],

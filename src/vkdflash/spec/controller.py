@@ -22,8 +22,10 @@ what is left, so a short run stays plain where a long one drafts; probes take a 
 Keeping a strategy's state (its commit: MTP runs its head over each committed token) costs
 every step whatever k, so T(k) includes that overhead (the median of recent commits: a first
 commit of a shape compiles); once the evidence (STOP_STEPS timed steps) says the best k with
-the strategy is below STOP_RATIO of plain decoding without it, `stop_reason()` says why and the
-engine switches the strategy off: k = 0 alone cannot stop a strategy's upkeep.
+the strategy is below STOP_RATIO of plain decoding without it, or none of STOP_DRAFTS drafts or
+more was accepted, `stop_reason()` says why and the engine switches the strategy off: k = 0
+alone cannot stop a strategy's upkeep (a random DFlash draft: 4 captured layers and an inject
+a step, ~3 ms of 30, which the live curve absorbs).
 
 k = 0 is plain decoding; while the choice stays 0 it drafts a little anyway every `probe_every`
 steps, so the estimates can recover when the text becomes predictable; a probe that gets
@@ -38,6 +40,7 @@ PRIOR = 2.0        # pseudo-counts behind a_j's prior: a_{j-1} (0.5 for a_1)
 MAX_PROBE_WAIT = 128
 STOP_STEPS = 16    # timed steps before judging whether the strategy pays
 STOP_RATIO = 0.9   # below this share of plain decoding's rate, it does not
+STOP_DRAFTS = 4    # ... nor when none of this many drafts was accepted
 MAX_SCALE_STEP = float(np.log(4.0))  # most one pass can pull the prior's scale (times its weight)
 
 
@@ -59,6 +62,7 @@ class DraftController:
         self.probing = False
         self.chosen: list[int] = []
         self.overhead, self.overheads = 0.0, []  # seconds a step spends keeping the strategy's state, whatever k
+        self.total = np.zeros(2, int)  # drafted, accepted in this run
         self.held = 0  # steps that drafted less than the rate asked: the run would not repay a compile
 
     # -- the model -----------------------------------------------------------------
@@ -104,6 +108,10 @@ class DraftController:
         pays or the evidence is thin (never when fixed)."""
         if self.fixed or self.scaled < STOP_STEPS:
             return None
+        if self.total[0] >= STOP_DRAFTS and not self.total[1]:
+            # its upkeep (captures, commits) is then pure cost, and hidden in the live curve
+            return (f"none of its {self.total[0]} drafts was accepted in {self.scaled} steps; --draft-fixed "
+                    "keeps it on")
         rates = self.rates(self.k_max)
         k = int(np.argmax(rates))
         best, plain = rates[k], self.plain_rate()
@@ -168,6 +176,7 @@ class DraftController:
         if k and draft_seconds is not None:
             self.draft[k] = _ema(self.draft.get(k), draft_seconds)
         self.full = drafted if drafted and accepted == drafted else 0
+        self.total += (drafted, accepted)
         if self.probing:
             self.wait = self.probe_every if accepted else min(2 * self.wait, MAX_PROBE_WAIT)
             self.probing = False
