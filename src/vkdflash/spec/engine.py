@@ -131,14 +131,15 @@ class Speculator:
             room = min(budget - emitted - 1, cache.n_ctx - pos - 1)
             if pos >= cache.n_ctx:
                 return
-            max_n = self.control.choose(room, lambda rows: model.setup_seconds(rows, True, self.capture)) \
+            max_n = self.control.choose(room, lambda rows: model.setup_seconds(rows, rows > 1, self.capture)) \
                 if self.strategy is not None else 0
             t0 = time.perf_counter()
             prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
             t1 = time.perf_counter()
             capture = self.capture if self.strategy is not None else ()  # a switched-off strategy reads none
-            warm = model.recorded(1 + len(prop.tokens), True, capture)
-            out = model.forward([last] + prop.tokens, all_logits=True, capture=capture)
+            rows = 1 + len(prop.tokens)  # one row: plain decoding's own pass (its graph measured 2-7% faster)
+            warm = model.recorded(rows, rows > 1, capture)
+            out = model.forward([last] + prop.tokens, all_logits=rows > 1, capture=capture)
             t2 = time.perf_counter()
             self.stats.verify_seconds += t2 - t1
             n, nxt = verify(prop.tokens, out.logits, sampler, prop.probs)
