@@ -105,6 +105,28 @@ def test_after_drafts_that_all_held_it_tries_longer_ones_to_learn_their_cost():
     assert best == 7 and abs(mean_k(True) - best) <= 2 and mean_k(False) < best - 3
 
 
+def test_a_pass_is_priced_at_the_batch_width_it_computes():
+    """lavapipe's matmuls run 8-row slots: 9..16 rows cost what 16 do. Priced linearly between
+    8 and 16, 10 rows looked cheap, and the controller drafted 9 (10 rows at 16 rows' cost);
+    priced by width it drafts to a slot's end: 7 or 15."""
+    def width(rows):
+        slot = 1 if rows == 1 else min(8, 1 << (rows - 1).bit_length())
+        return -(-rows // slot) * slot
+
+    def chosen(c, accept) -> list:
+        ks = []
+        for _ in range(60):
+            k = c.choose(64)
+            c.update(k, k, min(k, accept), CPU[min(CPU, key=lambda n: abs(n - width(k + 1)))], 0.0)
+            ks.append(k)
+        return ks
+
+    priced = DraftController(15, CPU, width=width)
+    assert priced.c_verify(10) == priced.c_verify(16) == CPU[16] and priced.c_verify(5) == CPU[8]
+    assert set(chosen(priced, 9)) <= {0, 1, 3, 7, 15}
+    assert set(chosen(DraftController(15, CPU), 9)) - {0, 1, 3, 7, 15}  # priced linearly: mid-slot lengths
+
+
 def test_the_learned_curve_is_handed_back_at_the_end():
     got = []
     c = DraftController(8, CPU, persist=got.append)

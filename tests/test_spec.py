@@ -266,6 +266,14 @@ def test_the_model_says_what_a_first_pass_of_a_size_costs_beyond_running_it(targ
         model.close()
 
 
+def test_a_pass_computes_whole_batch_slots(target):
+    """What the controller prices a pass at: matmuls run nj_for(n) rows a slot."""
+    model, _ = target
+    slot = model.matmul_config.nj
+    assert [model.pass_width(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 4]
+    assert model.pass_width(slot + 1) == 2 * slot and model.pass_width(2 * slot) == 2 * slot
+
+
 class Laborious(Oracle):
     """Always right, but keeping its state costs far more than a verify pass of this tiny model."""
 

@@ -142,7 +142,8 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
     if request.draft_fixed:
         control = DraftController(request.draft_max, {1: 1.0}, fixed=True)
     else:
-        control = DraftController(request.draft_max, verify_costs(model), persist=lambda curve: remember(model, curve))
+        control = DraftController(request.draft_max, verify_costs(model), persist=lambda curve: remember(model, curve),
+                                  width=model.pass_width)
     spec = Speculator(model, name, lookup(name).factory, options, stats, control)
     if spec.strategy is None:  # the factory itself failed: that is the user's error, say it once
         raise VkdflashError(f"strategy {name} could not start: {stats.disabled}")

@@ -155,6 +155,12 @@ class Model:
             return float(np.median(self.graph_seconds)) if self.graph_seconds else 0.0
         return list(self.first_record.values())[-1] if self.first_record else 0.0
 
+    def pass_width(self, n: int) -> int:
+        """Rows an n-row pass computes: matmuls run whole slots of nj_for(n) rows, so its cost is
+        that of the next multiple (lavapipe: 5..8 rows cost like 8, 9..16 like 16)."""
+        nj = nj_for(n, self.matmul_config)
+        return -(-n // nj) * nj
+
     def _family(self, n: int, all_logits: bool):
         """Passes of one family share every kernel (matmuls specialize on the batch width)."""
         return nj_for(n, self.matmul_config), all_logits and n > 1

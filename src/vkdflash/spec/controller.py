@@ -7,8 +7,9 @@ a_j: the running probability that draft j is accepted given drafts 1..j-1 were (
 per position, so it follows the text; a position with little evidence leans on the one before
 it, so after drafts 1..j keep being accepted the choice reaches for j + 1). c_draft(k): seconds
 of a proposal of up to k tokens (learned per k; unseen k interpolated, 0 before the first).
-c_verify(n): seconds of an n-row target pass. It starts from the cached curve (the prior) and
-learns from every timed verify pass: a row count seen live costs what it measured; the others
+c_verify(n): seconds of an n-row target pass, priced at the batch width it computes (lavapipe's
+matmuls run 8-row slots: 9 rows cost what 16 do). It starts from the cached curve (the prior)
+and learns from every timed verify pass: a width seen live costs what it measured; the others
 keep the prior's shape, scaled by how live passes compare with it (a curve cached while the
 machine was busy once made 16 rows look 2.6x dearer than they were, so ngram drafted ~1 token
 a step at 1.6x instead of ~9 at 2.6x). The prior's shape can be wrong too, so after a step
@@ -46,10 +47,12 @@ MAX_SCALE_STEP = float(np.log(4.0))  # most one pass can pull the prior's scale 
 
 class DraftController:
     def __init__(self, k_max: int, verify_seconds: dict, fixed: bool = False, probe_every: int = 8,
-                 persist=None):
+                 persist=None, width=None):
         """verify_seconds: the prior curve {rows: seconds}; persist: called with the learned curve
-        when the run ends (finish)."""
+        when the run ends (finish); width(rows): the rows a pass of that many computes (the target's
+        matmuls run whole batch slots: on lavapipe 5..8 rows cost like 8, 9..16 like 16)."""
         self.k_max, self.fixed, self.probe_every, self.persist = int(k_max), fixed, probe_every, persist
+        self.width = width or (lambda rows: rows)
         self.prior = {int(n): float(s) for n, s in verify_seconds.items()}
         self.live: dict[int, float] = {}  # decayed mean of timed passes per row count
         self.log_scale, self.scaled = 0.0, 0  # live / prior, in logs; passes behind it
@@ -86,7 +89,7 @@ class DraftController:
         return dict(sorted(out.items()))
 
     def c_verify(self, n: int) -> float:
-        return _interp(self.verify, n)
+        return _interp(self.verify, self.width(n))
 
     def c_draft(self, k: int) -> float:
         return _interp(self.draft, k) if k and self.draft else 0.0
@@ -149,7 +152,7 @@ class DraftController:
             k = min(range(limit + 1), key=lambda j: room / rates[j] + setup(j + 1))
             self.held += k < int(np.argmax(rates))
             reach = min(limit, 2 * self.full + 1)
-            if self.full and reach > k and reach + 1 not in self.live and affordable(reach):
+            if self.full and reach > k and self.width(reach + 1) not in self.live and affordable(reach):
                 k = reach  # the last drafts all held: learn what a longer verify costs here
             self.probing = k == 0 and self.idle >= self.wait
             if self.probing:
@@ -164,7 +167,7 @@ class DraftController:
                draft_seconds: float | None) -> None:
         """After a step that asked for k drafts, got `drafted`, and the target accepted `accepted`;
         seconds of None are not typical (a first pass that recorded and compiled) and not learned."""
-        rows = drafted + 1
+        rows = self.width(drafted + 1)
         if verify_seconds is not None:
             # a pass that paid for compiling or ran on a busy machine moves the scale a bounded step
             ratio = np.log(max(verify_seconds, 1e-9) / _interp(self.prior, rows))
