@@ -7,8 +7,14 @@ A plugin is a module (or object) with `@hookimpl` functions, registered through 
     ngram = "vkdflash_ngram"
 
 This one looks for the most recent earlier occurrence of the last few committed tokens and
-proposes what followed it -- effective on code, quotes and summaries that repeat the prompt."""
+proposes what followed it -- effective on code, quotes and summaries that repeat the prompt. It
+stops where the occurrence before that one went on differently: such a slot varies between
+repeats (the N of a third `class PointN`), so a guess there is usually wrong, and a shorter
+draft is a cheaper verify (the target's own token fills the slot for free). Past the slot it
+goes on from the tokens before it, where two repeats agree on what followed."""
 from __future__ import annotations
+
+from itertools import islice
 
 from vkdflash.api import Option, Proposal, Strategy, hookimpl
 
@@ -28,13 +34,31 @@ class PromptLookup(Strategy):
 
     def propose(self, ctx, last_token: int, max_n: int) -> Proposal:
         history = ctx.tokens + [last_token]
-        for n in range(min(self.max_ngram, len(history) - 1), 0, -1):
-            tail = history[-n:]
-            # newest earlier match first: recent context predicts best
-            for start in range(len(history) - n - 1, -1, -1):
-                if history[start:start + n] == tail:
-                    return Proposal(history[start + n:start + n + max_n])
-        return Proposal([])
+        draft = self._lookup(history, len(history), max_n, need=1)
+        if not draft:
+            # the last token may fill a slot that varies between repeats (the N of class PointN):
+            # where what came before it recurs, and two repeats agree on what followed the slot
+            draft = self._lookup(history, len(history) - 1, max_n, need=2, skip=1)
+        return Proposal(draft)
+
+    def _lookup(self, history: list, end: int, max_n: int, need: int, skip: int = 0) -> list:
+        """What followed the newest earlier occurrence of the longest n-gram ending history[:end]
+        (`skip` tokens after it), cut where the occurrence before it went on differently; nothing
+        when that n-gram occurred fewer than `need` times."""
+        for n in range(min(self.max_ngram, end - 1), 0, -1):
+            tail = history[end - n:end]
+            # the two newest earlier occurrences: recent context predicts best
+            ends = list(islice((start + n + skip for start in range(end - n - 1, -1, -1)
+                                if history[start:start + n] == tail), 2))
+            if ends:
+                if len(ends) < need:
+                    return []
+                draft = history[ends[0]:ends[0] + max_n]
+                if len(ends) > 1:
+                    other = history[ends[1]:ends[1] + len(draft)]
+                    draft = draft[:next((i for i, (a, b) in enumerate(zip(draft, other)) if a != b), len(draft))]
+                return draft
+        return []
 
 
 @hookimpl
