@@ -151,44 +151,50 @@ SPEC_PROMPT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return f
                "def factorial(n):\n")
 
 
-def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator) -> dict:
-    """Greedy generation without and with speculation, side by side; outputs must be identical."""
+def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator, reps: int = 1) -> dict:
+    """Greedy generation without and with speculation, side by side; outputs must be identical.
+    With reps > 1 the two alternate `reps` times and the figures are medians: a shared VM's speed
+    drifts by 10% between runs seconds apart, which one pair of runs reports as a speedup."""
     from .generate import Stats, generate
     from .sampling import Sampler
     from .spec import SpecStats
     ids = tokenizer.encode(prompt or SPEC_PROMPT, add_special=True)
-    runs = {}
-    for label in ("warmup", "none", "spec"):
+
+    def run(label: str) -> dict:
         stats, spec_stats = Stats(), SpecStats()
         speculator = make_speculator(spec_stats) if label != "none" else None
-        if label == "warmup" and speculator is not None:
+        if label == "warmup":
             # every length's kernels compiled, the target's and the strategy's, as in a server that
-            # has run a while: the measured run is the steady state (a short cold run's compiles
-            # are the controller's to weigh); the curve it learns is cached for the measured run
+            # has run a while: the measured runs are the steady state (a short cold run's compiles
+            # are the controller's to weigh); the curve it learns is cached for the measured runs
             k_max = speculator.ctx.options.draft_max
             for n in range(1, min(k_max, m.cache.n_ctx - len(ids)) + 2):
                 m.reset()
                 m.forward([ids[0]] * n, all_logits=True, capture=speculator.capture)
             m.reset()
             persist = getattr(speculator.control, "persist", None)
-            speculator.control = Sweep(k_max, {1: 1.0}, persist=persist)
-        t0 = time.perf_counter()
+            speculator.control = Sweep(k_max, {1: 1.0}, persist=persist, width=speculator.control.width)
         for _ in generate(m, tokenizer, ids, n_gen, Sampler(temp=0.0), (), stats, speculator):
             pass
-        seconds = time.perf_counter() - t0
         if speculator is not None:
             speculator.close()
         # decode speed after the prompt (both runs prefill the same prompt the same way)
-        runs[label] = {"tokens": stats.tokens, "seconds": seconds, "decode_tps": stats.decode_tps,
-                       "stats": spec_stats.as_dict() if speculator is not None else None}
-    none, sp = runs["none"], runs["spec"]
-    if not none["decode_tps"]:
-        raise VkdflashError(f"the prompt's greedy continuation stops after {len(none['tokens'])} token(s), "
+        return {"tokens": stats.tokens, "decode_tps": stats.decode_tps,
+                "stats": spec_stats.as_dict() if speculator is not None else None}
+
+    run("warmup")
+    pairs = [(run("none"), run("spec")) for _ in range(reps)]
+    if not pairs[0][0]["decode_tps"]:
+        raise VkdflashError(f"the prompt's greedy continuation stops after {len(pairs[0][0]['tokens'])} token(s), "
                             "so there is no decoding to compare: give a prompt that runs on")
+    speedups = [sp["decode_tps"] / none["decode_tps"] for none, sp in pairs]
+    middle = pairs[int(np.argsort(speedups)[len(speedups) // 2])]  # the median pair's own figures
     return {"device": m.ctx.features.name, "model": m.hp.arch, "n_gen": n_gen, "prompt_tokens": len(ids),
-            "none_tps": none["decode_tps"], "spec_tps": sp["decode_tps"],
-            "speedup": sp["decode_tps"] / none["decode_tps"], "identical_output": none["tokens"] == sp["tokens"],
-            "spec": sp["stats"]}
+            "reps": reps, "none_tps": float(np.median([none["decode_tps"] for none, _ in pairs])),
+            "spec_tps": float(np.median([sp["decode_tps"] for _, sp in pairs])),
+            "speedup": float(np.median(speedups)), "speedups": speedups,
+            "identical_output": all(none["tokens"] == sp["tokens"] for none, sp in pairs),
+            "spec": middle[1]["stats"]}
 
 
 def matvec_gbps(ctx, type_name: str, rows: int = 4096, cols: int = 4096, reps: int = 5,

@@ -85,9 +85,11 @@ def bench_model(n_prompt, n_gen, json_path, with_profile, with_curve, model_path
               help="Temperatures (T > 0 runs with the f16 draft cache, seeded per prompt).")
 @click.option("--suite-prompts", default=len(PROMPTS), show_default=True, type=click.IntRange(1, len(PROMPTS)),
               help="Use the first N prompts (code, chat and story in turn).")
+@click.option("--reps", default=3, show_default=True, type=click.IntRange(1, 100),
+              help="Alternate plain and speculative runs this many times and report the medians.")
 @model_options
 @spec_options
-def bench_spec(prompt, n_gen, json_path, suite, suite_runs, suite_cache_types, suite_temps, suite_prompts, model_path,
+def bench_spec(prompt, n_gen, json_path, reps, suite, suite_runs, suite_cache_types, suite_temps, suite_prompts, model_path,
                n_ctx, ctk, ctv, no_kv_rotation, device, spec_request) -> None:
     """Greedy tok/s with a strategy next to --spec none in the same run, and the speedup."""
     from .bench import spec as bench_run
@@ -106,5 +108,5 @@ def bench_spec(prompt, n_gen, json_path, suite, suite_runs, suite_cache_types, s
                                "(e.g. --spec ngram) or give -md DRAFT.gguf")
     model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
     make = lambda stats: build_speculator(model, spec_request, name, not no_kv_rotation, stats)  # noqa: E731
-    report = bench_run(model, tok, prompt, n_gen, make)
+    report = bench_run(model, tok, prompt, n_gen, make, reps)
     emit_json(report, json_path)
