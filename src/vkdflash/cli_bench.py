@@ -89,8 +89,8 @@ def bench_model(n_prompt, n_gen, json_path, with_profile, with_curve, model_path
               help="Alternate plain and speculative runs this many times and report the medians.")
 @model_options
 @spec_options
-def bench_spec(prompt, n_gen, json_path, reps, suite, suite_runs, suite_cache_types, suite_temps, suite_prompts, model_path,
-               n_ctx, ctk, ctv, no_kv_rotation, device, spec_request) -> None:
+def bench_spec(prompt, n_gen, json_path, reps, suite, suite_runs, suite_cache_types, suite_temps, suite_prompts,
+               model_path, n_ctx, ctk, ctv, no_kv_rotation, device, spec_request) -> None:
     """Greedy tok/s with a strategy next to --spec none in the same run, and the speedup."""
     from .bench import spec as bench_run
     if suite:

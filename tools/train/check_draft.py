@@ -10,6 +10,7 @@ import click
 import numpy as np
 import torch
 
+from export import restore
 from target import Target, attend, rms_norm
 
 TEXT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n"
@@ -17,15 +18,6 @@ TEXT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n
 
 def nmse(a, b):
     return float(((a - b) ** 2).sum() / (b ** 2).sum())
-
-
-def load_into(module_tensors, path, rename):
-    from vkdflash.model.gguf_file import GGUFFile, TensorData
-    from vkdflash.ref.model import dequantize_tensor
-    with GGUFFile(path) as gf:
-        for name, t in gf.tensors.items():
-            p = module_tensors[rename(name)]
-            p.data = torch.from_numpy(np.array(dequantize_tensor(TensorData(t.type_id, t.shape, gf.data(name)))))
 
 
 @click.command()
@@ -47,19 +39,13 @@ def main(model_path, dflash_path, mtp_path):
     caps = (2, 10, 18, 26, target.hp.n_layer)
     _, seen = target.forward(torch.tensor([ids]), torch.arange(T)[None], mask, target.new_cache(1, T), 0, caps)
     if dflash_path:
-        from dflash import Draft
+        from dflash import Draft, parameters
         from vkdflash.ref.dflash import RefDFlash
         from vkdflash_dflash.draft_file import load_draft
         draft = load_draft(dflash_path, mf.hparams)
         hp = draft.hp
         model = Draft(target, hp.target_layers, hp.n_layer, hp.block_size, hp.mask_token_id)
-        names = dict(model.named_parameters())
-        alias = {"fc.weight": "fc", "enc.output_norm.weight": "enc_norm", "output_norm.weight": "out_norm"}
-        short = {"attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
-                 "attn_q_norm": "q_norm", "attn_k_norm": "k_norm", "ffn_norm": "ffn_norm", "ffn_gate": "gate",
-                 "ffn_up": "up", "ffn_down": "down"}
-        load_into(names, dflash_path, lambda n: alias.get(n) or "layers.{}.{}".format(
-            n.split(".")[1], short[n.split(".")[2]]))
+        restore(parameters(model), dflash_path)
         a = T - hp.block_size  # the anchor: context 0..a-1
         feats = torch.cat([seen[i] for i in hp.target_layers], -1)
         ours = model(feats[:, :a], torch.tensor([ids]), torch.tensor([[a]]))[0, 0].detach().numpy()
@@ -68,17 +54,12 @@ def main(model_path, dflash_path, mtp_path):
         _, want = ref.draft(ids[a], hp.block_size - 1)
         report("dflash", ours, want)
     if mtp_path:
-        from mtp import Head
+        from mtp import Head, parameters
         from vkdflash.ref.mtp import RefMTP
         from vkdflash_mtp.heads import load_sidecar
         heads = load_sidecar(mtp_path, mf.hparams)
         head = Head(target)
-        names = dict(head.named_parameters())
-        first = f"blk.{mf.hparams.n_layer}."
-        def rename(name):  # blk.N.nextn.eh_proj.weight -> eh_proj, blk.N.attn_q.weight -> t.attn_q
-            suffix = name[len(first):-len(".weight")]
-            return suffix[len("nextn."):] if suffix.startswith("nextn.") else "t." + suffix
-        load_into(names, mtp_path, rename)
+        restore(parameters(head, mf.hparams.n_layer), mtp_path)
         h = seen[mf.hparams.n_layer][0]
         x1 = head.fuse(h[None, :T - 1], torch.tensor([ids[1:]]))
         q, k, v = head._qkv(x1, torch.arange(T - 1)[None])

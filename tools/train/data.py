@@ -160,27 +160,34 @@ def load_text_tools(model_path):
 
 
 class Dataset:
-    """What `run.py data` wrote: tokens of sequence i, and the captured layer inputs `layers` of its
-    positions 0..L-2 as [L - 1, len(layers) * d] f16 (memory-mapped)."""
+    """What `run.py data` wrote, in one or more directories (runs with different seeds): tokens of
+    sequence i, and the captured layer inputs `layers` of its positions 0..L-2 as
+    [L - 1, len(layers) * d] f16 (memory-mapped)."""
 
-    def __init__(self, root, layers):
+    def __init__(self, roots, layers):
         import json
-        root = Path(root)
-        index = json.loads((root / "index.json").read_text())
-        self.capture = index["capture"]
+        roots = [Path(roots)] if isinstance(roots, (str, Path)) else [Path(r) for r in roots]
+        indexes = [json.loads((root / "index.json").read_text()) for root in roots]
+        if len({(ix["model"], tuple(ix["capture"])) for ix in indexes}) > 1:
+            raise ValueError(f"{', '.join(map(str, roots))} were made for different targets or layers")
+        self.capture = indexes[0]["capture"]
         self.slots = [self.capture.index(x) for x in layers]
-        self.lengths = np.array(index["lengths"])
-        self.prompt_lengths = np.array(index["prompt_lengths"])
-        self.kinds = index["kinds"]
-        self._tokens = np.load(root / "tokens.npy")
-        self._feats = np.load(root / "features.npy", mmap_mode="r")
+        self.lengths = np.concatenate([ix["lengths"] for ix in indexes])
+        self.prompt_lengths = np.concatenate([ix["prompt_lengths"] for ix in indexes])
+        self.kinds = [k for ix in indexes for k in ix["kinds"]]
+        self._tokens = np.concatenate([np.load(root / "tokens.npy") for root in roots])
+        self._feats = [np.load(root / "features.npy", mmap_mode="r") for root in roots]
+        self.part = np.concatenate([[p] * len(ix["lengths"]) for p, ix in enumerate(indexes)])
         self.tok_off = np.concatenate([[0], np.cumsum(self.lengths)])
-        self.feat_off = np.concatenate([[0], np.cumsum(self.lengths - 1)])
-        self.n_feat = len(layers) * self._feats.shape[2]
+        # feature rows: offsets within each directory's file
+        self.feat_off = np.concatenate([np.concatenate([[0], np.cumsum(np.array(ix["lengths"]) - 1)[:-1]])
+                                        for ix in indexes])
+        self.n_feat = len(layers) * self._feats[0].shape[2]
 
     def tokens(self, i):
         return self._tokens[self.tok_off[i]:self.tok_off[i + 1]]
 
     def feats(self, i):
-        f = self._feats[self.feat_off[i]:self.feat_off[i + 1]][:, self.slots]
+        start = self.feat_off[i]
+        f = self._feats[self.part[i]][start:start + self.lengths[i] - 1][:, self.slots]
         return f.reshape(len(f), -1)

@@ -97,8 +97,8 @@ class Draft(nn.Module):
         return (ce * wts).sum(-1).mean() / wts.sum(), acc
 
 
-def tensors(model: Draft) -> dict:
-    """GGUF name -> f32 numpy array (numpy order, [out, in] for matrices)."""
+def parameters(model: Draft) -> dict:
+    """GGUF name -> the module's parameter ([out, in] for matrices)."""
     out = {"fc.weight": model.fc, "enc.output_norm.weight": model.enc_norm, "output_norm.weight": model.out_norm}
     for i, L in enumerate(model.layers):
         b = f"blk.{i}."
@@ -106,7 +106,12 @@ def tensors(model: Draft) -> dict:
                     b + "attn_v.weight": L.wv, b + "attn_output.weight": L.wo, b + "attn_q_norm.weight": L.q_norm,
                     b + "attn_k_norm.weight": L.k_norm, b + "ffn_norm.weight": L.ffn_norm,
                     b + "ffn_gate.weight": L.gate, b + "ffn_up.weight": L.up, b + "ffn_down.weight": L.down})
-    return {k: v.detach().float().numpy() for k, v in out.items()}
+    return out
+
+
+def tensors(model: Draft) -> dict:
+    """GGUF name -> f32 numpy array."""
+    return {k: v.detach().float().numpy() for k, v in parameters(model).items()}
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int = 10) -> float:

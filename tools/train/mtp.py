@@ -79,12 +79,17 @@ class Head(nn.Module):
         return losses[0] + DEPTH2_WEIGHT * losses[1], torch.stack(accs)
 
 
-def tensors(model: Head, first: int) -> dict:
+def parameters(model: Head, first: int) -> dict:
+    """GGUF name -> the module's parameter (the head's blocks are numbered from `first`)."""
     b = f"blk.{first}."
     out = {b + k + ".weight": v for k, v in model.t.items()}
     out.update({b + "nextn.eh_proj.weight": model.eh_proj, b + "nextn.enorm.weight": model.enorm,
                 b + "nextn.hnorm.weight": model.hnorm, b + "nextn.shared_head_norm.weight": model.shared_head_norm})
-    return {k: v.detach().float().numpy() for k, v in out.items()}
+    return out
+
+
+def tensors(model: Head, first: int) -> dict:
+    return {k: v.detach().float().numpy() for k, v in parameters(model, first).items()}
 
 
 def sample_batch(ds, rng: np.random.Generator, n_seq: int):

@@ -4,6 +4,8 @@
     python tools/train/run.py --threads 1 dflash --data DIR --out FILE.gguf [--steps 1100 --lr 4e-4]
     python tools/train/run.py --threads 1 mtp    --data DIR --out FILE.gguf [--steps 950 --lr 4e-4]
     python tools/train/run.py stamp FILE.gguf --suite-json S --strategy NAME [--cpu-speedup X]
+--data repeats (data runs with different seeds train as one set); --init FILE.gguf starts from an
+exported draft instead of the target's last block (a longer run in pieces, or more data).
 Needs the [train] extra (torch on the CPU, tqdm). Every step is seeded. On the 2-core reference
 machine: data 10 min, then both trainers side by side (1 thread each) 42 min: the shipped files."""
 from __future__ import annotations
@@ -87,8 +89,23 @@ def train_loop(model, batches, steps: int, lr: float, desc: str):
     return acc_avg
 
 
+def data_option(f):
+    return click.option("--data", "data_dirs", type=click.Path(exists=True, file_okay=False), required=True,
+                        multiple=True, help="`data` output (repeatable: runs with different seeds)")(f)
+
+
+def init_option(f):
+    return click.option("--init", type=click.Path(exists=True, dir_okay=False), default=None,
+                        help="start from this exported draft (a longer run, or more data) instead of the target")(f)
+
+
+def index_model(data_dirs) -> str:
+    return json.loads((Path(data_dirs[0]) / "index.json").read_text())["model"]
+
+
 @cli.command()
-@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), required=True)
+@data_option
+@init_option
 @click.option("--out", type=click.Path(dir_okay=False), required=True)
 @click.option("--steps", default=1200, show_default=True)
 @click.option("--block", default=8, show_default=True, type=click.Choice(["8", "16"]))
@@ -97,21 +114,24 @@ def train_loop(model, batches, steps: int, lr: float, desc: str):
 @click.option("--anchors", default=16, show_default=True, help="anchors (blocks) per sequence")
 @click.option("--lr", default=3e-4, show_default=True)
 @click.pass_context
-def dflash(ctx, data_dir, out, steps, block, n_layer, seqs, anchors, lr):
+def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr):
     """Train a DFlash draft on `data` output and write it as a llama.cpp-format GGUF."""
     from data import Dataset
-    from dflash import Draft, sample_batch, tensors
-    from export import dflash_metadata, target_identity, write
+    from dflash import Draft, parameters, sample_batch, tensors
+    from export import dflash_metadata, restore, target_identity, write
     block = int(block)
-    ds = Dataset(data_dir, DFLASH_LAYERS)
-    path = json.loads((Path(data_dir) / "index.json").read_text())["model"]
+    ds = Dataset(data_dirs, DFLASH_LAYERS)
+    path = index_model(data_dirs)
     target = Target(path)
     model = Draft(target, DFLASH_LAYERS, n_layer, block)
+    if init:
+        restore(parameters(model), init)
     rng = np.random.default_rng(ctx.obj["seed"])
     acc = train_loop(model, lambda step: model.loss(*sample_batch(ds, rng, seqs, anchors, block)), steps, lr,
                      "dflash")
     notes = (f"trained by tools/train/run.py dflash: {steps} steps x {seqs} seqs x {anchors} blocks of {block}, "
-             f"seed {ctx.obj['seed']}, {len(ds.lengths)} self-distilled sequences; train top-1 per position "
+             f"seed {ctx.obj['seed']}, {len(ds.lengths)} self-distilled sequences"
+             + (f", from {Path(init).name}" if init else "") + "; train top-1 per position "
              + " ".join(f"{a:.2f}" for a in acc.tolist()))
     md = dflash_metadata(target.hp, n_layer, block, DFLASH_LAYERS, model.mask_token, path, notes)
     write(out, "dflash", md | target_identity(path), tensors(model))
@@ -119,28 +139,32 @@ def dflash(ctx, data_dir, out, steps, block, n_layer, seqs, anchors, lr):
 
 
 @cli.command()
-@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), required=True)
+@data_option
+@init_option
 @click.option("--out", type=click.Path(dir_okay=False), required=True)
 @click.option("--steps", default=1200, show_default=True)
 @click.option("--seqs", default=6, show_default=True, help="sequences per step")
 @click.option("--rows", default=384, show_default=True, help="LM-head rows per depth per step")
 @click.option("--lr", default=3e-4, show_default=True)
 @click.pass_context
-def mtp(ctx, data_dir, out, steps, seqs, rows, lr):
+def mtp(ctx, data_dirs, init, out, steps, seqs, rows, lr):
     """Train one next-n head on `data` output and write it as an MTP sidecar GGUF."""
     from data import Dataset
-    from export import mtp_metadata, target_identity, write
-    from mtp import Head, sample_batch, tensors
-    index = json.loads((Path(data_dir) / "index.json").read_text())
-    target = Target(index["model"])
-    ds = Dataset(data_dir, (target.hp.n_layer,))
+    from export import mtp_metadata, restore, target_identity, write
+    from mtp import Head, parameters, sample_batch, tensors
+    path = index_model(data_dirs)
+    target = Target(path)
+    ds = Dataset(data_dirs, (target.hp.n_layer,))
     model = Head(target)
+    if init:
+        restore(parameters(model, target.hp.n_layer), init)
     rng = np.random.default_rng(ctx.obj["seed"])
     acc = train_loop(model, lambda step: model.loss(*sample_batch(ds, rng, seqs), rows, rng), steps, lr, "mtp")
     notes = (f"trained by tools/train/run.py mtp: {steps} steps x {seqs} seqs ({rows} rows per depth), seed "
-             f"{ctx.obj['seed']}, {len(ds.lengths)} self-distilled sequences; train top-1 depth 1 {acc[0]:.2f}, "
+             f"{ctx.obj['seed']}, {len(ds.lengths)} self-distilled sequences"
+             + (f", from {Path(init).name}" if init else "") + f"; train top-1 depth 1 {acc[0]:.2f}, "
              f"depth 2 {acc[1]:.2f}")
-    write(out, "mtp", mtp_metadata(target.hp, notes) | target_identity(index["model"]),
+    write(out, "mtp", mtp_metadata(target.hp, notes) | target_identity(path),
           tensors(model, target.hp.n_layer))
     click.echo(f"wrote {out}: {notes}")
 
