@@ -206,6 +206,25 @@ def test_a_strategy_whose_upkeep_outweighs_what_it_saves_is_judged_not_to_pay():
     assert fed(0.001) is None and fed(0.030, fixed=True) is None
 
 
+def test_a_strategy_that_would_cost_a_few_percent_is_judged_not_to_pay():
+    """The shipped MTP head on lavapipe: a_1 ~0.3, ~5 ms a draft, ~1 ms upkeep a step; no k
+    repays it, so with it the best is k 0 at ~0.96 of plain. Left on it measured 0.89x (its
+    probes and upkeep); a 10% margin kept it on, 3% (the estimates' noise) does not."""
+    def fed(overhead: float) -> str | None:
+        c = DraftController(2, CPU)
+        for _ in range(40):
+            k = c.choose(1000)
+            accepted = int(k > 0 and c.total[0] % 3 == 0)  # a_1 ~1/3
+            c.update(k, k, accepted, float(np.interp(k + 1, list(CPU), list(CPU.values()))), 0.02 * k or None)
+            c.note_overhead(overhead)
+            if c.stop_reason():
+                break
+        return c.stop_reason()
+
+    assert "costs more than it saves" in (fed(0.003) or "")  # 4.5% of a step
+    assert fed(0.0005) is None  # under 1%: within the noise, kept (a probe may still find text it knows)
+
+
 def test_a_strategy_none_of_whose_drafts_is_accepted_is_judged_not_to_pay():
     """Its upkeep (captures, commits) hides in the live verify costs, so the rate test alone
     would keep a never-right draft on at ~0.9x plain: no acceptance in 4+ drafts is enough."""

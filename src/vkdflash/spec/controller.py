@@ -40,7 +40,7 @@ DECAY = 0.9        # weight of the past in the acceptance counts and timing aver
 PRIOR = 2.0        # pseudo-counts behind a_j's prior: a_{j-1} (0.5 for a_1)
 MAX_PROBE_WAIT = 128
 STOP_STEPS = 16    # timed steps before judging whether the strategy pays
-STOP_RATIO = 0.9   # below this share of plain decoding's rate, it does not
+STOP_RATIO = 0.97  # below this share of plain decoding's rate, it does not
 STOP_DRAFTS = 4    # ... nor when none of this many drafts was accepted
 MAX_SCALE_STEP = float(np.log(4.0))  # most one pass can pull the prior's scale (times its weight)
 
