@@ -1,11 +1,14 @@
 #version 450
 // Index of the largest value per row. Ties go to the lowest index, NaN beats everything (the
 // first NaN wins, as numpy.argmax), -0.0 ties +0.0. Values are compared as order-preserving
-// integer keys, so the result does not hang on how a device compares NaN.
+// integer keys, so the result does not hang on how a device compares NaN. With FLAG, bit 31 of
+// the index marks a row whose largest value is not finite (NaN, +inf, or every value -inf):
+// greedy decoding reads back only the index and must still refuse such logits.
 #include "common.glsl"
 #include "rows.glsl"
 
 layout(constant_id = 1) const bool VEC4 = false;  // n_cols % 4 == 0 and a 16-byte aligned view
+layout(constant_id = 2) const bool FLAG = false;
 
 layout(binding = 0) readonly buffer X { float x[]; };
 layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
@@ -41,6 +44,7 @@ void main() {
             }
         }
         row_argmax(key, idx);
-        if (tid == 0u) y[row] = idx;
+        const bool finite = key > 0x007FFFFFu && key < 0xFF800000u;  // keys of -inf and +inf
+        if (tid == 0u) y[row] = FLAG && !finite ? idx | 0x80000000u : idx;
     }
 }

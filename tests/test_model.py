@@ -62,6 +62,27 @@ def test_batched_equals_token_by_token_bitwise(ctx0, tiny, arch):
     m.close()
 
 
+def test_a_greedy_pass_reads_back_the_argmax_of_its_logits(ctx0, tiny):
+    """greedy=True keeps the logits on the device and returns each row's argmax: the same ids
+    numpy finds in the logits a plain pass returns, for a prefill's last row, every row of a
+    batch and a decode step; logits that hold NaN are refused in one line, as the sampler does."""
+    m = Model(ctx0, tiny["qwen3"], n_ctx=64)
+    logits = m.forward(PROMPT, all_logits=True).logits
+    decoded = m.forward([9]).logits
+    m.reset()
+    assert m.forward(PROMPT, greedy=True).logits is None
+    m.reset()
+    assert m.forward(PROMPT, greedy=True).ids.tolist() == [int(np.argmax(logits[-1]))]
+    m.reset()
+    assert m.forward(PROMPT, all_logits=True, greedy=True).ids.tolist() == np.argmax(logits, axis=1).tolist()
+    assert m.forward([9], greedy=True).ids.tolist() == [int(np.argmax(decoded[0]))]
+    m.output_norm.write(np.full(m.hp.n_embd, np.nan, np.float32))  # a damaged file's NaN reaches the logits
+    m.reset()
+    with pytest.raises(VkdflashError, match=f"logits at position {len(PROMPT) - 1} hold NaN"):
+        m.forward(PROMPT, greedy=True)
+    m.close()
+
+
 def test_captured_hidden_states_match_reference(ctx0, tiny):
     mf = tiny["qwen3"]
     n_layer = mf.hparams.n_layer

@@ -13,7 +13,7 @@ from vkdflash.model.forward import Model
 from vkdflash.sampling import Sampler
 from vkdflash.spec import Proposal, SpecStats, Strategy, StrategyOptions
 from vkdflash.spec.engine import Speculator
-from vkdflash.spec.verify import verify
+from vkdflash.spec.verify import verify, verify_greedy
 from vkdflash.tokenizer import Tokenizer
 from vkdflash_ngram import PromptLookup
 
@@ -133,6 +133,11 @@ def test_verifier_greedy_prefix():
     logits = np.zeros((4, 10))
     for row, best in enumerate([3, 5, 7, 9]):
         logits[row, best] = 1.0
+    ids = [3, 5, 7, 9]
+    assert verify_greedy([3, 5, 7], ids) == (3, 9)
+    assert verify_greedy([3, 6, 7], ids) == (1, 5)
+    assert verify_greedy([], ids[:1]) == (0, 3)
+    # the sampled verifier at T 0 (one-hot distributions) agrees
     assert verify([3, 5, 7], logits, Sampler(temp=0)) == (3, 9)
     assert verify([3, 6, 7], logits, Sampler(temp=0)) == (1, 5)
     assert verify([], logits[:1], Sampler(temp=0)) == (0, 3)
@@ -326,5 +331,5 @@ def test_bench_spec_warms_every_length_before_the_measured_run(target):
     report = bench.spec(model, tok, tok.decode(PROMPT), 24, make)
     assert report["identical_output"]
     assert asked[:8] == [1, 2, 3, 4, 1, 2, 3, 4]
-    assert all(model.recorded(n, True) for n in range(1, 6))
+    assert all(model.recorded(n, n > 1, greedy=True) for n in range(1, 6))  # as the greedy run passes them
     assert report["spec"]["draft_length"]["held_for_setup"] == 0

@@ -83,15 +83,15 @@ def model(m, n_prompt: int, n_gen: int) -> dict:
     vocab = m.hp.n_vocab
     prompt = np.random.default_rng(0).integers(0, vocab, n_prompt).tolist()
     m.reset()
-    m.forward(prompt[:8])  # warm-up: records and compiles the graphs both phases use
-    m.forward(prompt[:1])
+    m.forward(prompt[:8], greedy=True)  # warm-up: records and compiles the graphs both phases use
+    m.forward(prompt[:1], greedy=True)
     m.reset()
     t0 = time.perf_counter()
-    logits = m.forward(prompt).logits[-1]
+    token = int(m.forward(prompt, greedy=True).ids[-1])
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(n_gen):
-        logits = m.forward([int(np.argmax(logits))]).logits[-1]
+        token = int(m.forward([token], greedy=True).ids[-1])
     decode = time.perf_counter() - t0
     return {"device": m.ctx.features.name, "model": m.hp.arch, "weights": m.weight_types(),
             "cache": m.cache.describe(), "n_prompt": n_prompt, "n_gen": n_gen,
@@ -104,15 +104,16 @@ def family(label: str) -> str:
 
 
 def profile(m, rows=(1, 16), context: int = 64, reps: int = 3) -> dict:
-    """GPU time per kernel family (and per label) of one decode step and of an n-row pass, at a
-    context of `context` tokens (timestamps; empty where the device has none)."""
+    """GPU time per kernel family (and per label) of one greedy decode step and of an n-row pass
+    (every row's logits and argmax, as a greedy verify), at a context of `context` tokens
+    (timestamps; empty where the device has none)."""
     vocab = m.hp.n_vocab
     tokens = np.random.default_rng(1).integers(0, vocab, context + max(rows)).tolist()
     out = {"context": context, "reps": reps, "passes": {}}
     for n in rows:
         m.reset()
         m.forward(tokens[:context])
-        timings = m.profile(tokens[context:context + n], all_logits=n > 1, reps=reps)
+        timings = m.profile(tokens[context:context + n], all_logits=n > 1, greedy=True, reps=reps)
         total = sum(ns for _, ns in timings) or 1.0
         by_family, by_label = {}, {}
         for label, ns in timings:
@@ -170,7 +171,7 @@ def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator, reps: in
             k_max = speculator.ctx.options.draft_max
             for n in range(1, min(k_max, m.cache.n_ctx - len(ids)) + 2):
                 m.reset()
-                m.forward([ids[0]] * n, all_logits=True, capture=speculator.capture)
+                m.forward([ids[0]] * n, all_logits=n > 1, capture=speculator.capture, greedy=True)
             m.reset()
             persist = getattr(speculator.control, "persist", None)
             speculator.control = Sweep(k_max, {1: 1.0}, persist=persist, width=speculator.control.width)

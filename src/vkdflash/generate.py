@@ -44,14 +44,14 @@ def plain_tokens(model, prompt_ids: list[int], sampler, stats: Stats):
     """Yield sampled token ids one decode step at a time (no speculation)."""
     model.reset()
     t0 = time.perf_counter()
-    logits = model.forward(prompt_ids).logits[-1]
+    out = model.forward(prompt_ids, greedy=sampler.greedy)
     stats.prompt_tokens, stats.prompt_seconds = len(prompt_ids), time.perf_counter() - t0
     while True:
-        token = sampler.sample(logits)
+        token = int(out.ids[-1]) if sampler.greedy else sampler.sample(out.logits[-1])
         yield token
         if model.cache.n_past >= model.cache.n_ctx:
             return
-        logits = model.forward([token]).logits[-1]
+        out = model.forward([token], greedy=sampler.greedy)
 
 
 def generate(model, tokenizer, prompt_ids: list[int], n_predict: int, sampler: Sampler,

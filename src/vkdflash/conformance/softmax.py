@@ -22,7 +22,7 @@ def _softmax_case(n_rows, n_cols, scale=1.0, masked=False):
     return Case(name, run, threshold=NMSE_SOFTMAX)
 
 
-def _argmax_case(n_rows, n_cols, special=False):
+def _argmax_case(n_rows, n_cols, special=False, flag=False):
     def run(ctx):
         r = rng("argmax", n_rows, n_cols, special)
         x = uniform(r, n_rows, n_cols)
@@ -35,9 +35,11 @@ def _argmax_case(n_rows, n_cols, special=False):
             x[3, :] = -np.inf
             x[4, :] = -0.0
             x[4, n_cols - 1] = 0.0
-        got = launch(ctx, n_rows * 4, lambda g, xb, out: argmax(g, xb, out, n_rows, n_cols), x, dtype=np.uint32)
-        return got, ops.argmax(x)
-    name = f"argmax/f32/rows={n_rows},cols={n_cols}" + (",ties-nan-inf" if special else "")
+        got = launch(ctx, n_rows * 4, lambda g, xb, out: argmax(g, xb, out, n_rows, n_cols, flag), x,
+                     dtype=np.uint32)
+        return got, ops.argmax(x, flag)
+    name = (f"argmax/f32/rows={n_rows},cols={n_cols}" + (",ties-nan-inf" if special else "")
+            + (",flag-nonfinite" if flag else ""))
     return Case(name, run, metric="exact")
 
 
@@ -54,5 +56,7 @@ def cases():
         _argmax_case(5, 50257),
         _argmax_case(8, 1000, special=True),
         _argmax_case(8, 999, special=True),
+        _argmax_case(8, 49152, special=True, flag=True),
+        _argmax_case(8, 999, special=True, flag=True),
         _argmax_case(3, 151936),
     ]

@@ -8,6 +8,8 @@ import struct
 from . import rows
 from ..errors import VkdflashError
 
+FLAG_NONFINITE = 0x80000000  # argmax index bit: the row's largest value is not finite
+
 
 def _shape(ctx, what, n_rows, n_cols, views, passes):
     rows.check_dims(n_rows=n_rows, n_cols=n_cols)
@@ -31,12 +33,13 @@ def softmax(graph, x, out, n_rows: int, n_cols: int, scale: float = 1.0) -> None
     graph.dispatch(pipe, [x, out], (groups,), struct.pack("<IIf", n_rows, n_cols, scale), label="softmax")
 
 
-def argmax(graph, x, out_u32, n_rows: int, n_cols: int) -> None:
+def argmax(graph, x, out_u32, n_rows: int, n_cols: int, flag_nonfinite: bool = False) -> None:
     """out_u32[r] = index of the largest x[r, :] (uint32). Ties -> lowest index; NaN beats every
-    number (first NaN wins, like numpy.argmax); -0.0 ties +0.0."""
+    number (first NaN wins, like numpy.argmax); -0.0 ties +0.0. flag_nonfinite: bit 31 set where
+    that largest value is NaN, +inf or -inf (FLAG_NONFINITE)."""
     ctx = graph.ctx
     x = rows.check_view(ctx, "argmax x", x, n_rows * n_cols * rows.F32)
     out_u32 = rows.check_view(ctx, "argmax out", out_u32, n_rows * 4)
     wg, vec4, groups = _shape(ctx, "argmax", n_rows, n_cols, (x,), 1)
-    pipe = ctx.pipeline("argmax", 2, 8, (wg, int(vec4)))
+    pipe = ctx.pipeline("argmax", 2, 8, (wg, int(vec4), int(flag_nonfinite)))
     graph.dispatch(pipe, [x, out_u32], (groups,), struct.pack("<II", n_rows, n_cols), label="argmax")

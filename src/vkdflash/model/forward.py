@@ -1,7 +1,9 @@
 """The transformer forward pass on the GPU (llama / qwen2 / qwen3, dense).
 
-One graph is recorded per (tokens per call, logits rows, captured layers) and replayed with
-new token ids and positions written into small buffers, so decode costs one submit a token.
+One graph is recorded per (tokens per call, logits rows, captured layers, greedy) and replayed
+with new token ids and positions written into small buffers, so decode costs one submit a token.
+A greedy pass keeps the logits on the device and reads back each row's argmax (4 bytes a row,
+not n_vocab floats: what a discrete GPU would send over its bus every token).
 Every kernel is batch invariant, so a token's logits are bit-identical whether it is run
 alone, inside a prefill chunk, or inside a speculative verify batch."""
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..kernels.copy import copy
 from ..kernels.embed import get_rows
 from ..kernels.matmul import config_for, matmul, nj_for
 from ..kernels.norm import rms_norm
+from ..kernels.softmax import FLAG_NONFINITE, argmax
 from ..kernels.weights import Weight
 from ..kv_cache import KVCache
 from ..runtime.graph import Graph
@@ -32,9 +35,10 @@ MAX_BATCH = 64  # tokens per call: the batch-invariance range every kernel is te
 
 @dataclass
 class Output:
-    logits: np.ndarray               # [rows, n_vocab]: the last row, or every row
+    logits: np.ndarray | None        # [rows, n_vocab]: the last row, or every row (None: greedy)
     hidden: dict  # layer-input id i -> residual stream entering block i [n, d] (n_layer: leaving
                   # the last block); "final" -> after output_norm
+    ids: np.ndarray | None = None    # greedy: each of those rows' argmax
 
 
 class Model:
@@ -62,6 +66,7 @@ class Model:
         # what the host writes or reads every step lives in mapped memory: no staging copies
         host = lambda n: self.store.buffer(n, host=True)  # noqa: E731
         self.logits = host(4 * MAX_BATCH * hp.n_vocab)
+        self.device_logits, self.best = self._buf(4 * MAX_BATCH * hp.n_vocab), host(4 * MAX_BATCH)
         self.ids, self.pos, self.params = host(4 * MAX_BATCH), host(4 * MAX_BATCH), host(16)
         self.captures: dict = {}
         rope_factors = None  # llama3-style per-pair frequency factors
@@ -95,7 +100,7 @@ class Model:
         return "/".join(names)
 
     # -- recording ------------------------------------------------------------------
-    def _record(self, n: int, all_logits: bool, capture: tuple, timestamps: bool = False) -> Graph:
+    def _record(self, n: int, all_logits: bool, capture: tuple, greedy: bool, timestamps: bool = False) -> Graph:
         hp, b, d = self.hp, self.b, self.hp.n_embd
         g = Graph(self.ctx, timestamps=timestamps)
         get_rows(g, self.embd, self.ids, b.x, n)
@@ -106,10 +111,10 @@ class Model:
         if hp.n_layer in capture:
             copy(g, b.x, self._capture(hp.n_layer).view(0, n * d * 4), n * d * 4, groups=4)
         rms_norm(g, b.x, self.output_norm, b.xn, n, d, hp.rms_eps)
-        if all_logits:
-            matmul(g, self.output, b.xn, self.logits, n)
-        else:
-            matmul(g, self.output, b.xn.view((n - 1) * d * 4, d * 4), self.logits, 1)
+        logits, rows = self.device_logits if greedy else self.logits, n if all_logits else 1
+        matmul(g, self.output, b.xn if all_logits else b.xn.view((n - 1) * d * 4, d * 4), logits, rows)
+        if greedy:
+            argmax(g, logits, self.best, rows, hp.n_vocab, flag_nonfinite=True)
         return g
 
     def _capture(self, layer: int):
@@ -118,9 +123,10 @@ class Model:
         return self.captures[layer]
 
     # -- running --------------------------------------------------------------------
-    def forward(self, tokens, all_logits: bool = False, capture=()) -> Output:
-        """Append `tokens` to the cache and return logits (last row, or every row) and, for
-        the layers in `capture`, the residual stream entering them plus the final hidden state."""
+    def forward(self, tokens, all_logits: bool = False, capture=(), greedy: bool = False) -> Output:
+        """Append `tokens` to the cache and return logits (last row, or every row), or with
+        `greedy` their argmax ids only, and, for the layers in `capture`, the residual stream
+        entering them plus the final hidden state."""
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         capture = tuple(sorted(set(int(c) for c in capture)))
         bad = [c for c in capture if not 0 <= c <= self.hp.n_layer]
@@ -128,28 +134,30 @@ class Model:
             raise VkdflashError(f"cannot capture layer input {bad[0]}: ids run 0..{self.hp.n_layer}")
         if tokens.size and (tokens.min() < 0 or tokens.max() >= self.hp.n_vocab):
             raise VkdflashError(f"token id {int(tokens.max())} is outside the vocabulary ({self.hp.n_vocab})")
-        logits, hidden = [], {c: [] for c in capture}
+        logits, ids, hidden = [], [], {c: [] for c in capture}
         if capture:
             hidden["final"] = []
         for start in range(0, tokens.size, MAX_BATCH):
             chunk = tokens[start:start + MAX_BATCH]
             last = start + MAX_BATCH >= tokens.size
-            rows, captured = self._run(chunk, all_logits, capture, need_logits=all_logits or last)
-            logits.append(rows)
+            rows, captured = self._run(chunk, all_logits, capture, greedy, need_logits=all_logits or last)
+            (ids if greedy else logits).append(rows)
             for key, value in captured.items():
                 hidden[key].append(value)
-        return Output(np.concatenate(logits) if logits else np.zeros((0, self.hp.n_vocab), np.float32),
-                      {k: np.concatenate(v) for k, v in hidden.items()})
+        hidden = {k: np.concatenate(v) for k, v in hidden.items()}
+        if greedy:
+            return Output(None, hidden, np.concatenate(ids) if ids else np.zeros(0, np.uint32))
+        return Output(np.concatenate(logits) if logits else np.zeros((0, self.hp.n_vocab), np.float32), hidden)
 
-    def recorded(self, n: int, all_logits: bool = False, capture=()) -> bool:
+    def recorded(self, n: int, all_logits: bool = False, capture=(), greedy: bool = False) -> bool:
         """Whether an n-row pass has its graph (the first one records it and compiles kernels)."""
-        return (int(n), all_logits, tuple(sorted(set(int(c) for c in capture)))) in self.store.graphs
+        return (int(n), all_logits, tuple(sorted(set(int(c) for c in capture))), greedy) in self.store.graphs
 
-    def setup_seconds(self, n: int, all_logits: bool = False, capture=()) -> float:
+    def setup_seconds(self, n: int, all_logits: bool = False, capture=(), greedy: bool = False) -> float:
         """What a first n-row pass costs beyond running it: 0 once recorded; recording alone where a
         pass of its family (the same kernels) was recorded; else compiling them too (lavapipe:
         0.2-0.4 s a kernel, ~1.6 s for a new batch width), as the last new family cost."""
-        if self.recorded(n, all_logits, capture):
+        if self.recorded(n, all_logits, capture, greedy):
             return 0.0
         if self._family(n, all_logits) in self.first_record:
             return float(np.median(self.graph_seconds)) if self.graph_seconds else 0.0
@@ -165,9 +173,9 @@ class Model:
         """Passes of one family share every kernel (matmuls specialize on the batch width)."""
         return nj_for(n, self.matmul_config), all_logits and n > 1
 
-    def _recorded(self, n: int, all_logits: bool, capture: tuple) -> Graph:
+    def _recorded(self, n: int, all_logits: bool, capture: tuple, greedy: bool) -> Graph:
         t0 = time.perf_counter()
-        graph = self._record(n, all_logits, capture)
+        graph = self._record(n, all_logits, capture, greedy)
         seconds, family = time.perf_counter() - t0, self._family(n, all_logits)
         if family in self.first_record:
             self.graph_seconds.append(seconds)
@@ -175,21 +183,30 @@ class Model:
             self.first_record[family] = seconds
         return graph
 
-    def _run(self, chunk, all_logits: bool, capture: tuple, need_logits: bool):
+    def _run(self, chunk, all_logits: bool, capture: tuple, greedy: bool, need_logits: bool):
         n, hp, cache = chunk.size, self.hp, self.cache
         start = cache.n_past
         if start + n > cache.n_ctx:
             raise VkdflashError(f"context full: {start} + {n} tokens exceed -c {cache.n_ctx}")
-        graph = self.store.graph((n, all_logits, capture), lambda: self._recorded(n, all_logits, capture))
+        graph = self.store.graph((n, all_logits, capture, greedy),
+                                 lambda: self._recorded(n, all_logits, capture, greedy))
         self._stage(chunk, start)
         graph.run()
         cache.n_past = start + n
         rows = (n if all_logits else 1) if need_logits else 0
-        logits = self.logits.read(np.float32, rows * hp.n_vocab).reshape(rows, hp.n_vocab)
+        if greedy:
+            out = self.best.read(np.uint32, rows)
+            bad = np.flatnonzero(out & FLAG_NONFINITE)
+            if bad.size:  # what the sampler refuses when it sees the logits
+                at = start + (int(bad[0]) if all_logits else n - 1)
+                raise VkdflashError(f"the logits at position {at} hold NaN or +inf, or are all -inf: nothing to "
+                                    "decode (a damaged model file?)")
+        else:
+            out = self.logits.read(np.float32, rows * hp.n_vocab).reshape(rows, hp.n_vocab)
         hidden = {c: self.captures[c].read(np.float32, n * hp.n_embd).reshape(n, hp.n_embd) for c in capture}
         if capture:
             hidden["final"] = self.b.xn.read(np.float32, n * hp.n_embd).reshape(n, hp.n_embd)
-        return logits, hidden
+        return out, hidden
 
     def _stage(self, chunk, start: int) -> None:
         """The per-step values of a pass over `chunk` at positions start..: ids, positions, first position."""
@@ -197,14 +214,14 @@ class Model:
         self.pos.write(np.arange(start, start + chunk.size, dtype=np.uint32))
         self.params.write(np.array([start, 0, 0, 0], np.uint32))
 
-    def profile(self, tokens, all_logits: bool, reps: int = 3) -> list[tuple[str, float]]:
+    def profile(self, tokens, all_logits: bool, greedy: bool = False, reps: int = 3) -> list[tuple[str, float]]:
         """(label, GPU ns) per dispatch of one pass over `tokens` (1..MAX_BATCH) at the current
         position: the fastest of `reps` replays of a graph recorded with timestamps (plus one to
         compile). The cache position does not advance."""
         chunk = np.asarray(tokens, np.int64).reshape(-1)
         if not 1 <= chunk.size <= MAX_BATCH or self.cache.n_past + chunk.size > self.cache.n_ctx:
             raise VkdflashError(f"cannot profile {chunk.size} rows at position {self.cache.n_past}")
-        graph = self._record(chunk.size, all_logits, (), timestamps=True)
+        graph = self._record(chunk.size, all_logits, (), greedy, timestamps=True)
         try:
             self._stage(chunk, self.cache.n_past)
             runs = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.rope import rope_freqs
+from ..kernels.softmax import FLAG_NONFINITE
 
 
 def _f64(a) -> np.ndarray:
@@ -78,7 +79,13 @@ def softmax(x, scale: float = 1.0) -> np.ndarray:
     return np.where(s > 0, e / np.where(s > 0, s, 1.0), 0.0).astype(np.float32)
 
 
-def argmax(x) -> np.ndarray:
+def argmax(x, flag_nonfinite: bool = False) -> np.ndarray:
     """Index of the largest value per row; ties go to the lowest index (llama.cpp's greedy
-    sampler), NaN counts as larger than everything (the first NaN wins), -0.0 equals +0.0."""
-    return np.argmax(np.asarray(x, np.float32), axis=-1).astype(np.uint32)
+    sampler), NaN counts as larger than everything (the first NaN wins), -0.0 equals +0.0.
+    flag_nonfinite: FLAG_NONFINITE set where that largest value is NaN or +-inf."""
+    x = np.asarray(x, np.float32)
+    idx = np.argmax(x, axis=-1).astype(np.uint32)
+    if flag_nonfinite:
+        top = np.take_along_axis(x, idx[..., None].astype(np.int64), -1)[..., 0]
+        idx[~np.isfinite(top)] |= np.uint32(FLAG_NONFINITE)
+    return idx

@@ -2,7 +2,8 @@
 
 Per step, with `last` the newest token (sampled, not yet in the target cache, at position P):
   drafts d1..dk <- strategy.propose(last)               (k <= --draft-max, the context, the budget)
-  logits        <- target.forward([last, d1..dk])        (one batched pass, every row's logits)
+  logits        <- target.forward([last, d1..dk])        (one batched pass, every row's logits;
+                                                          greedy: every row's argmax, on the GPU)
   n, next       <- verify(drafts, logits)                (greedy or speculative sampling)
   target cache truncated to P+1+n; the strategy is told which positions were committed.
 Batch invariance makes the verify pass's logits bit-identical to one-token decoding, so greedy
@@ -20,7 +21,7 @@ from ..errors import VkdflashError
 from .controller import DraftController
 from .stats import SpecStats
 from .strategy import Proposal, StrategyContext
-from .verify import verify
+from .verify import verify, verify_greedy
 
 log = logging.getLogger("vkdflash")
 WATCH_STEPS = 24    # verify steps with drafts before the watchdog judges acceptance
@@ -116,13 +117,14 @@ class Speculator:
         model.reset()
         self.ctx.tokens = []  # a new request: nothing committed yet (a speculator serves many)
         self.ctx.temperature, self.ctx.seed = sampler.temp, sampler.seed
+        greedy = sampler.greedy
         t0 = time.perf_counter()
-        out = model.forward(prompt_ids, capture=self.capture)
+        out = model.forward(prompt_ids, capture=self.capture, greedy=greedy)
         gen_stats.prompt_tokens, gen_stats.prompt_seconds = len(prompt_ids), time.perf_counter() - t0
         if self.strategy is not None:
             self._committed(out, 0, len(prompt_ids), prompt_ids)
             self._timed_inject(lambda: self.strategy.begin(self.ctx), "begin")
-        last = sampler.sample(out.logits[-1])
+        last = int(out.ids[-1]) if greedy else sampler.sample(out.logits[-1])
         emitted = 0
         while True:
             yield last
@@ -131,18 +133,19 @@ class Speculator:
             room = min(budget - emitted - 1, cache.n_ctx - pos - 1)
             if pos >= cache.n_ctx:
                 return
-            max_n = self.control.choose(room, lambda rows: model.setup_seconds(rows, rows > 1, self.capture)) \
+            max_n = self.control.choose(room, lambda rows: model.setup_seconds(rows, rows > 1, self.capture, greedy)) \
                 if self.strategy is not None else 0
             t0 = time.perf_counter()
             prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
             t1 = time.perf_counter()
             capture = self.capture if self.strategy is not None else ()  # a switched-off strategy reads none
             rows = 1 + len(prop.tokens)  # one row: plain decoding's own pass (measured 2-3% faster)
-            warm = model.recorded(rows, rows > 1, capture)
-            out = model.forward([last] + prop.tokens, all_logits=rows > 1, capture=capture)
+            warm = model.recorded(rows, rows > 1, capture, greedy)
+            out = model.forward([last] + prop.tokens, all_logits=rows > 1, capture=capture, greedy=greedy)
             t2 = time.perf_counter()
             self.stats.verify_seconds += t2 - t1
-            n, nxt = verify(prop.tokens, out.logits, sampler, prop.probs)
+            n, nxt = (verify_greedy(prop.tokens, out.ids) if greedy
+                      else verify(prop.tokens, out.logits, sampler, prop.probs))
             cache.truncate(pos + 1 + n)
             self.stats.record(len(prop.tokens), n)
             self._watch()

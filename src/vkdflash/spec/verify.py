@@ -1,7 +1,7 @@
 """The verifier: decides which drafted tokens the target accepts (separate from every proposer).
 
-Greedy: accept the longest prefix where each draft equals the target's argmax, then append
-the target's own next token. Sampling (T > 0): standard speculative sampling -- accept d with
+Greedy (verify_greedy): accept the longest prefix where each draft equals the target's argmax
+(its ids come from the GPU, not the logits), then append the target's own next token. Sampling (T > 0): standard speculative sampling -- accept d with
 probability min(1, p(d)/q(d)), else draw from the normalised residual max(p - q, 0) -- so the
 output is distributed exactly as the target's own sampling (docs/design.md section 6)."""
 from __future__ import annotations
@@ -9,15 +9,18 @@ from __future__ import annotations
 import numpy as np
 
 
+def verify_greedy(drafts: list[int], target_ids) -> tuple[int, int]:
+    """target_ids: the target's argmax for [last, d1..dk] (k+1 rows). Returns (n_accepted, next_token)."""
+    n = 0
+    while n < len(drafts) and drafts[n] == int(target_ids[n]):
+        n += 1
+    return n, int(target_ids[n])
+
+
 def verify(drafts: list[int], logits: np.ndarray, sampler, draft_probs: np.ndarray | None = None):
-    """logits: target logits for [last, d1..dk] (k+1 rows). Returns (n_accepted, next_token)."""
+    """logits: target logits for [last, d1..dk] (k+1 rows). Returns (n_accepted, next_token).
+    (At T 0 the sampler's distributions are one-hot, so this agrees with verify_greedy.)"""
     k = len(drafts)
-    if sampler.greedy:
-        target = np.argmax(logits[:k + 1], axis=1)
-        n = 0
-        while n < k and drafts[n] == int(target[n]):
-            n += 1
-        return n, int(target[n])
     for i, d in enumerate(drafts):
         p = sampler.probs(logits[i])
         q = _draft_q(draft_probs, i, d, p.size)
