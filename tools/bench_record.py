@@ -6,7 +6,9 @@ benchmarks/<device>.json, so a later change can be compared with `git diff` and 
 
 Figures (each from one `vkdflash bench` run): decode/prefill tok/s, the kernel-family profile
 and the verify cost curve; ngram on code that repeats itself and a random DFlash draft, each
-cost-aware and --draft-fixed next to plain decoding (128 tokens, alternated 3 times, medians)."""
+cost-aware and --draft-fixed, and the shipped DFlash draft and MTP head cost-aware (the default
+prompt), each next to plain decoding (128 tokens, alternated 5 times, medians: on a shared VM
+one pair of runs moves by +-5%)."""
 from __future__ import annotations
 
 import json
@@ -59,12 +61,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         draft = str(write_dflash(Path(d) / "random_dflash.gguf", model, n_layer=1, target_layers=(2, 10, 18, 26),
                                  n_head=9, n_head_kv=3, head_dim=64, n_ff=1536))
-        runs = {"ngram_repeating_code": ["--spec", "ngram", "--draft-max", "16", "-p", REPEATING_CODE],
-                "random_dflash": ["-md", draft, "--draft-max", "15"]}
-        for name, args in runs.items():
-            for mode in ("cost-aware", "fixed"):
+        runs = {"ngram_repeating_code": (["--spec", "ngram", "--draft-max", "16", "-p", REPEATING_CODE], True),
+                "random_dflash": (["-md", draft, "--draft-max", "15"], True),
+                "shipped_dflash": (["--spec", "dflash"], False), "shipped_mtp": (["--spec", "mtp"], False)}
+        for name, (args, with_fixed) in runs.items():
+            for mode in ("cost-aware", "fixed") if with_fixed else ("cost-aware",):
                 extra = ["--draft-fixed"] if mode == "fixed" else []
-                out.setdefault(name, {})[mode] = spec_figures(vkdflash("bench", "spec", "-n", "128", "--reps", "3",
+                out.setdefault(name, {})[mode] = spec_figures(vkdflash("bench", "spec", "-n", "128", "--reps", "5",
                                                                        *args, *extra))
     slug = re.sub(r"[^a-z0-9]+", "-", out["device"].lower()).strip("-")
     dest = ROOT / "benchmarks" / f"{slug}.json"

@@ -5,7 +5,9 @@ maximise expected committed tokens per second
 
 a_j: the running probability that draft j is accepted given drafts 1..j-1 were (decayed counts
 per position, so it follows the text; a position with little evidence leans on the one before
-it, so after drafts 1..j keep being accepted the choice reaches for j + 1). c_draft(k): seconds
+it, so after drafts 1..j keep being accepted the choice reaches for j + 1). a_1 starts from what
+the draft measured on its own suite where it knows (`expect`), else 0.5: a shipped DFlash draft
+with a_1 0.25 then starts plain on lavapipe instead of paying 3 failed drafting steps to learn it. c_draft(k): seconds
 of a proposal of up to k tokens (learned per k; unseen k interpolated, 0 before the first).
 c_verify(n): seconds of an n-row target pass, priced at the batch width it computes (lavapipe's
 matmuls run 8-row slots: 9 rows cost what 16 do). It starts from the cached curve (the prior)
@@ -23,10 +25,11 @@ what is left, so a short run stays plain where a long one drafts; probes take a 
 Keeping a strategy's state (its commit: MTP runs its head over each committed token) costs
 every step whatever k, so T(k) includes that overhead (the median of recent commits: a first
 commit of a shape compiles); once the evidence (STOP_STEPS timed steps) says the best k with
-the strategy is below STOP_RATIO of plain decoding without it, or none of STOP_DRAFTS drafts or
-more was accepted, `stop_reason()` says why and the engine switches the strategy off: k = 0
-alone cannot stop a strategy's upkeep (a random DFlash draft: 4 captured layers and an inject
-a step, ~3 ms of 30, which the live curve absorbs).
+the strategy is below STOP_RATIO of plain decoding without it, or the best is k = 0 while its
+upkeep is more than UPKEEP_SHARE of a step, or none of STOP_DRAFTS drafts or more was accepted,
+`stop_reason()` says why and the engine switches the strategy off: k = 0 alone cannot stop a
+strategy's upkeep, and its probes cost too (the shipped DFlash draft on lavapipe, a_1 ~0.25,
+left on at k 0 with a probe now and then: 0.91x plain over 9 alternations; switched off: ~0.98x).
 
 k = 0 is plain decoding; while the choice stays 0 it drafts a little anyway every `probe_every`
 steps, so the estimates can recover when the text becomes predictable; a probe that gets
@@ -37,11 +40,12 @@ from __future__ import annotations
 import numpy as np
 
 DECAY = 0.9        # weight of the past in the acceptance counts and timing averages, per update
-PRIOR = 2.0        # pseudo-counts behind a_j's prior: a_{j-1} (0.5 for a_1)
+PRIOR = 2.0        # pseudo-counts behind a_j's prior: a_{j-1} (for a_1: the draft's record, or 0.5)
 MAX_PROBE_WAIT = 128
 STOP_STEPS = 16    # timed steps before judging whether the strategy pays
 STOP_RATIO = 0.97  # below this share of plain decoding's rate, it does not
 STOP_DRAFTS = 4    # ... nor when none of this many drafts was accepted
+UPKEEP_SHARE = 0.01  # ... nor when no k pays and keeping its state costs more than this share of a step
 MAX_SCALE_STEP = float(np.log(4.0))  # most one pass can pull the prior's scale (times its weight)
 
 
@@ -60,6 +64,8 @@ class DraftController:
         self.full = 0       # drafts of the last step when all were accepted, else 0
         self.draft: dict[int, float] = {}
         self.counts = np.zeros((self.k_max, 2))  # decayed (accepted, rejected) per draft position
+        self.run_counts = np.zeros((self.k_max, 2))  # the same, undecayed: what the stop rule judges by
+        self.first_prior = 0.5
         self.idle = 0      # steps since the last draft
         self.wait = probe_every  # idle steps before the next probe
         self.probing = False
@@ -69,10 +75,14 @@ class DraftController:
         self.held = 0  # steps that drafted less than the rate asked: the run would not repay a compile
 
     # -- the model -----------------------------------------------------------------
-    def acceptance(self) -> np.ndarray:
-        """a_j for j = 1..k_max."""
-        out, prior = np.empty(self.k_max), 0.5
-        for j, (acc, rej) in enumerate(self.counts):
+    def expect(self, first_acceptance: float) -> None:
+        """The prior of a_1: what the draft measured on its suite (evidence outweighs it in a few steps)."""
+        self.first_prior = min(max(float(first_acceptance), 0.0), 1.0)
+
+    def acceptance(self, counts=None) -> np.ndarray:
+        """a_j for j = 1..k_max (from the decayed counts, or the given ones)."""
+        out, prior = np.empty(self.k_max), self.first_prior
+        for j, (acc, rej) in enumerate(self.counts if counts is None else counts):
             out[j] = prior = (acc + PRIOR * prior) / (acc + rej + PRIOR)
         return out
 
@@ -94,9 +104,9 @@ class DraftController:
     def c_draft(self, k: int) -> float:
         return _interp(self.draft, k) if k and self.draft else 0.0
 
-    def rates(self, limit: int) -> list[float]:
+    def rates(self, limit: int, counts=None) -> list[float]:
         """Committed tokens per second with k = 0..limit drafts."""
-        tokens = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.acceptance()[:limit]))])
+        tokens = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.acceptance(counts)[:limit]))])
         return [float(t) / (self.c_verify(k + 1) + self.c_draft(k) + self.overhead) for k, t in enumerate(tokens)]
 
     def expected_rate(self, k: int) -> float:
@@ -115,13 +125,18 @@ class DraftController:
             # its upkeep (captures, commits) is then pure cost, and hidden in the live curve
             return (f"none of its {self.total[0]} drafts was accepted in {self.scaled} steps; --draft-fixed "
                     "keeps it on")
-        rates = self.rates(self.k_max)
+        # judged on the whole run's acceptance: the decayed one follows the text, and one unlucky
+        # stretch would switch off a strategy that pays
+        rates = self.rates(self.k_max, self.run_counts)
         k = int(np.argmax(rates))
-        best, plain = rates[k], self.plain_rate()
+        best, plain, a_1 = rates[k], self.plain_rate(), self.acceptance(self.run_counts)[0]
+        if k == 0 and self.overhead > UPKEEP_SHARE * self.c_verify(1):
+            return (f"it costs more than it saves here: no draft length pays (a_1 {a_1:.2f}) and it "
+                    f"spends {1000 * self.overhead:.0f} ms keeping its state a step; --draft-fixed keeps it on")
         if best >= STOP_RATIO * plain:
             return None
         return (f"it costs more than it saves here: at best {best:.1f} tok/s with it (k {k}, a_1 "
-                f"{self.acceptance()[0]:.2f}, {1000 * self.c_draft(max(k, 1)):.0f} ms drafting and "
+                f"{a_1:.2f}, {1000 * self.c_draft(max(k, 1)):.0f} ms drafting and "
                 f"{1000 * self.overhead:.0f} ms keeping its state a step) against {plain:.1f} tok/s without; "
                 "--draft-fixed keeps it on")
 
@@ -185,9 +200,10 @@ class DraftController:
             self.probing = False
         if drafted:
             self.counts[:drafted] *= DECAY
-            self.counts[:accepted, 0] += 1
-            if accepted < drafted:
-                self.counts[accepted, 1] += 1
+            for counts in (self.counts, self.run_counts):
+                counts[:accepted, 0] += 1
+                if accepted < drafted:
+                    counts[accepted, 1] += 1
 
     def finish(self) -> None:
         """Hand the learned curve to `persist` (at the prior's row counts and every live one)."""

@@ -59,9 +59,14 @@ class Speculator:
         self.strategy = None
         self.strategy = self._guard("start", lambda: factory(self.ctx))
         self.capture = tuple(getattr(self.strategy, "capture_layers", ())) if self.strategy else ()
-        log.info("speculation: strategy %s, draft max %d (%s length), draft p-min %g, captures %s, "
-                 "draft cache K %s V %s", name, options.draft_max, "fixed" if self.control.fixed else "cost-aware",
-                 options.p_min, list(self.capture) or "none", options.cache_type_k, options.cache_type_v)
+        expected = getattr(self.strategy, "expected_first_acceptance", None)
+        if expected:
+            self.control.expect(expected)  # the draft's own record: the controller's first guess
+        log.info("speculation: strategy %s, draft max %d (%s length, a_1 prior %.2f from %s), draft p-min %g, "
+                 "captures %s, draft cache K %s V %s", name, options.draft_max,
+                 "fixed" if self.control.fixed else "cost-aware", self.control.first_prior,
+                 "the draft's record" if expected else "no record", options.p_min, list(self.capture) or "none",
+                 options.cache_type_k, options.cache_type_v)
 
     def _guard(self, what: str, call):
         """Run a strategy call; on any exception switch the strategy off (one line, no traceback)."""

@@ -160,7 +160,8 @@ class Strategy:
     name = "base"
     capture_layers: tuple = ()   # target layer-input ids whose residual stream this strategy reads
     # a_1 (share of steps whose first draft is accepted) this draft measured on its own suite,
-    # when it knows one (api.suite_record): the engine warns when live a_1 falls far below it
+    # when it knows one (api.suite_record): the draft-length controller starts from it, and the
+    # engine warns when live a_1 falls far below it
     expected_first_acceptance: float | None = None
 
     def begin(self, ctx: StrategyContext) -> None:
