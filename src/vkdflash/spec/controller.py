@@ -6,9 +6,10 @@ maximise expected committed tokens per second
 a_j: the running probability that draft j is accepted given drafts 1..j-1 were (decayed counts
 per position, so it follows the text; a position with little evidence leans on the one before
 it, so after drafts 1..j keep being accepted the choice reaches for j + 1). a_1 starts from what
-the draft measured on its own suite where it knows (`expect`), else 0.5: a shipped DFlash draft
-with a_1 0.25 then starts plain on lavapipe instead of paying 3 failed drafting steps to learn it. c_draft(k): seconds
-of a proposal of up to k tokens (learned per k; unseen k interpolated, 0 before the first).
+the draft measured on its own suite where it knows (`expect`), else 0.5: the shipped DFlash
+draft (a_1 0.25) then starts plain on lavapipe instead of drafting 3 steps to learn it.
+c_draft(k): seconds of a proposal of up to k tokens (learned per k; unseen k interpolated, 0
+before the first).
 c_verify(n): seconds of an n-row target pass, priced at the batch width it computes (lavapipe's
 matmuls run 8-row slots: 9 rows cost what 16 do). It starts from the cached curve (the prior)
 and learns from every timed verify pass: a width seen live costs what it measured; the others
@@ -29,7 +30,7 @@ the strategy is below STOP_RATIO of plain decoding without it, or the best is k 
 upkeep is more than UPKEEP_SHARE of a step, or none of STOP_DRAFTS drafts or more was accepted,
 `stop_reason()` says why and the engine switches the strategy off: k = 0 alone cannot stop a
 strategy's upkeep, and its probes cost too (the shipped DFlash draft on lavapipe, a_1 ~0.25,
-left on at k 0 with a probe now and then: 0.91x plain over 9 alternations; switched off: ~0.98x).
+left on at k 0 with a probe now and then: 0.91x plain over 9 alternations; switched off: 0.97x).
 
 k = 0 is plain decoding; while the choice stays 0 it drafts a little anyway every `probe_every`
 steps, so the estimates can recover when the text becomes predictable; a probe that gets

@@ -1,9 +1,10 @@
 """The verifier: decides which drafted tokens the target accepts (separate from every proposer).
 
 Greedy (verify_greedy): accept the longest prefix where each draft equals the target's argmax
-(its ids come from the GPU, not the logits), then append the target's own next token. Sampling (T > 0): standard speculative sampling -- accept d with
-probability min(1, p(d)/q(d)), else draw from the normalised residual max(p - q, 0) -- so the
-output is distributed exactly as the target's own sampling (docs/design.md section 6)."""
+(its ids come from the GPU, not the logits), then append the target's own next token.
+Sampling (T > 0): standard speculative sampling -- accept d with probability min(1, p(d)/q(d)),
+else draw from the normalised residual max(p - q, 0) -- so the output is distributed exactly as
+the target's own sampling (docs/design.md section 6)."""
 from __future__ import annotations
 
 import numpy as np
