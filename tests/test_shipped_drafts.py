@@ -5,6 +5,7 @@ collapse DFlash acceptance -- proof these tests would catch the bug they exist f
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -120,8 +121,9 @@ def test_shipped_drafts_record_their_suite_acceptance(smollm2, name):
 
 def test_default_speculation_follows_the_measured_speedup_and_dflash_needs_no_md(caplog):
     """Neither --spec nor -md on the default model: on a GPU a shipped draft runs (cost-aware); on
-    a CPU device only one whose recorded bench speedup there beat plain decoding (ours measured
-    below 1: off, and the run says why). Greedy output is that of --spec none either way, and
+    a CPU device only one whose recorded bench speedup there beat plain decoding by more than its
+    noise (ours measured 1.03x and 0.99x, both switched off by the controller within 16 steps:
+    off, and the run says why). Greedy output is that of --spec none either way, and
     --spec dflash finds the shipped draft without -md."""
     from click.testing import CliRunner
 
@@ -133,7 +135,7 @@ def test_default_speculation_follows_the_measured_speedup_and_dflash_needs_no_md
     dflash = CliRunner().invoke(main, args + ["--spec", "dflash", "--draft-fixed"])
     assert auto.exit_code == plain.exit_code == dflash.exit_code == 0, (auto.output, dflash.output)
     if DEVICES[0].device_type == "cpu":
-        assert "speculation off by default" in caplog.text and "dflash 0." in caplog.text
+        assert "speculation off by default" in caplog.text and re.search(r"dflash \d\.\d\dx", caplog.text)
     else:
         assert "speculation on by default" in caplog.text and "cost-aware length" in caplog.text
     text = lambda res: res.stdout.split("prompt ")[0]  # noqa: E731 -- the generated text, before the stats

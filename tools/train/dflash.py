@@ -4,8 +4,10 @@ For an anchor a of a sequence t_0..t_{L-1}: the context is g_p = RMSNorm_enc(fc 
 for p < a, entering every draft layer only as K = RoPE_p(k_norm(W_k g)), V = W_v g; the block is
 [t_a, MASK x (B-1)] at positions a..a+B-1, run through the layer stack with every block row seeing
 the context and the whole block; row k predicts t_{a+k}. Loss: cross-entropy of rows 1..B-1
-weighted by exp(-(k-1)/gamma). Target embedding and LM head are frozen and shared; the draft
-layer starts from the target's last block (Q/K rows un-permuted for NEOX RoPE)."""
+weighted by exp(-(k-1)/gamma), against the data's tokens or (teacher) the target's own
+distribution for each (its LM head on its last state at a+k-1: what greedy verification
+accepts). Target embedding and LM head are frozen and shared; the draft layer starts from the
+target's last block (Q/K rows un-permuted for NEOX RoPE)."""
 from __future__ import annotations
 
 import math
@@ -54,6 +56,7 @@ class Draft(nn.Module):
         self.layers = nn.ModuleList(Layer(target, hp.n_layer - n_layer + i) for i in range(n_layer))
         self.out_norm = nn.Parameter(target.w["output_norm.weight"].clone())
         self.embd, self.head = target.w["token_embd.weight"], target.w["output.weight"]
+        self.target_norm = target.w["output_norm.weight"]
 
     def _heads(self, x, n):
         return x.view(x.shape[0], x.shape[1], n, self.hp.head_dim).transpose(1, 2)
@@ -86,12 +89,22 @@ class Draft(nn.Module):
         rows = x.view(S, A, B, -1)[:, :, 1:]
         return rms_norm(rows, self.out_norm, hp.rms_eps) @ self.head.T
 
-    def loss(self, feats, tokens, anchors):
-        """Position-weighted cross-entropy and per-position top-1 accuracy [B-1]."""
+    def loss(self, feats, tokens, anchors, last=None):
+        """Position-weighted cross-entropy and per-position top-1 accuracy [B-1]. last [S, Lf, d]:
+        the target's final states (teacher: its distribution for each label, not the token)."""
         B = self.block
         logits = self.forward(feats, tokens, anchors)
-        labels = torch.gather(tokens, 1, (anchors[:, :, None] + torch.arange(1, B)).flatten(1)).view(anchors.shape + (B - 1,))
-        ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
+        at = (anchors[:, :, None] + torch.arange(1, B)).flatten(1)  # label positions
+        if last is None:
+            labels = torch.gather(tokens, 1, at).view(anchors.shape + (B - 1,))
+            ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
+        else:
+            state = torch.gather(last, 1, (at - 1)[:, :, None].expand(-1, -1, last.shape[2]))
+            with torch.no_grad():
+                p = F.softmax(rms_norm(state, self.target_norm, self.hp.rms_eps) @ self.head.T, -1)
+            p = p.view(logits.shape)
+            ce = -(p * F.log_softmax(logits, -1)).sum(-1)
+            labels = p.argmax(-1)
         wts = torch.exp(-torch.arange(B - 1, dtype=torch.float32) / GAMMA.get(B, B / 2))
         acc = (logits.argmax(-1) == labels).float().mean((0, 1))
         return (ce * wts).sum(-1).mean() / wts.sum(), acc

@@ -5,7 +5,12 @@ at position i (h_i: the target's residual leaving the trunk, "prenorm"), one cau
 shared_head_norm, the target's LM head -> t_{i+2}. Depth 2 as the engine drafts it: the row fed
 back is (y_i, t_{i+2}) at position i+1, seeing the depth-1 K/V of positions 0..i and itself ->
 t_{i+3}. Loss = CE(depth 1) + 0.5 CE(depth 2), on a random subset of rows per step (the frozen
-49152-row LM head dominates the cost). The block starts as a copy of the target's last block."""
+49152-row LM head dominates the cost). The block starts as a copy of the target's last block.
+With teacher=True the CE is against the target's own distribution for that token (its LM head
+on its state one position on: h_{i+1} for t_{i+2}), not the data's token: 42% of the tokens
+are prompt text and a quarter of the continuations were sampled at T 0.7, not necessarily what
+the target would pick, and greedy verification accepts exactly what it would pick. Accuracy
+is then against its argmax."""
 from __future__ import annotations
 
 import numpy as np
@@ -33,7 +38,7 @@ class Head(nn.Module):
         self.eh_proj = p(torch.cat([torch.eye(d), torch.eye(d)], 1))
         self.enorm, self.hnorm = p(torch.ones(d)), p(torch.ones(d))
         self.shared_head_norm = p(w["output_norm.weight"])
-        self.embd, self.head = target.w["token_embd.weight"], target.w["output.weight"]
+        self.embd, self.head, self.out_norm = w["token_embd.weight"], w["output.weight"], w["output_norm.weight"]
 
     def fuse(self, h, tokens):
         e = self.embd[tokens]
@@ -55,7 +60,7 @@ class Head(nn.Module):
         h = rms_norm(x, t["ffn_norm"], hp.rms_eps)
         return x + (F.silu(h @ t["ffn_gate"].T) * (h @ t["ffn_up"].T)) @ t["ffn_down"].T
 
-    def loss(self, h, tokens, valid, rows: int, rng):
+    def loss(self, h, tokens, valid, rows: int, rng, teacher: bool = False):
         """h [S, T, d] target states of positions 0..T-1, tokens [S, T + 3] (t_{i+1}, t_{i+2} per i,
         plus t_{i+3}), valid [S, T + 3] bool. Returns loss and top-1 accuracy at depth 1 and 2."""
         S, T, _ = h.shape
@@ -72,9 +77,16 @@ class Head(nn.Module):
         for depth, y in ((1, y1), (2, y2)):
             ok = valid[:, depth + 1:T + depth + 1].reshape(-1).nonzero()[:, 0]
             pick = ok[torch.from_numpy(rng.choice(len(ok), size=min(rows, len(ok)), replace=False))]
-            labels = tokens[:, depth + 1:T + depth + 1].reshape(-1)[pick]
             logits = rms_norm(y.reshape(S * T, -1)[pick], self.shared_head_norm, self.hp.rms_eps) @ self.head.T
-            losses.append(F.cross_entropy(logits, labels))
+            if teacher:  # state i + depth predicts the token at i + depth + 1, this row's label
+                ahead = torch.cat([h[:, depth:], h[:, :depth]], 1).reshape(S * T, -1)[pick]
+                with torch.no_grad():
+                    p = F.softmax(rms_norm(ahead, self.out_norm, self.hp.rms_eps) @ self.head.T, -1)
+                losses.append(-(p * F.log_softmax(logits, -1)).sum(-1).mean())
+                labels = p.argmax(-1)
+            else:
+                labels = tokens[:, depth + 1:T + depth + 1].reshape(-1)[pick]
+                losses.append(F.cross_entropy(logits, labels))
             accs.append((logits.argmax(-1) == labels).float().mean())
         return losses[0] + DEPTH2_WEIGHT * losses[1], torch.stack(accs)
 

@@ -8,8 +8,12 @@
 exported draft instead of the target's last block (a longer run in pieces, or more data).
 Needs the [train] extra (torch on the CPU, tqdm). Every step is seeded. On the 2-core reference
 machine: data 10 min, both trainers side by side (1 thread each) 42 min; then data with --seed 1
-and both again with --seed 2 --data D0 --data D1 --init F --lr 2e-4 (1400 / 1200 steps, 46 min):
-the shipped files (README, "Training the shipped drafts")."""
+and both again with --seed 2 --data D0 --data D1 --init F --lr 2e-4 (1400 / 1200 steps, 46 min);
+then --teacher rounds (the target's own distributions as labels: 42% of the data's tokens are
+prompt text and a quarter of the continuations T 0.7 samples, not necessarily what greedy
+verification accepts): DFlash --seed 3, 600 steps;
+MTP --seed 3, 400 steps, then --seed 4, 600 steps at 1.5e-4: the shipped files (README,
+"Training the shipped drafts")."""
 from __future__ import annotations
 
 import json
@@ -115,23 +119,31 @@ def index_model(data_dirs) -> str:
 @click.option("--seqs", default=8, show_default=True, help="sequences per step")
 @click.option("--anchors", default=16, show_default=True, help="anchors (blocks) per sequence")
 @click.option("--lr", default=3e-4, show_default=True)
+@click.option("--teacher/--tokens", default=False, show_default=True,
+              help="learn the target's own distribution for each token (its LM head on its state), or the data's tokens")
 @click.pass_context
-def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr):
+def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr, teacher):
     """Train a DFlash draft on `data` output and write it as a llama.cpp-format GGUF."""
     from data import Dataset
     from dflash import Draft, parameters, sample_batch, tensors
     from export import dflash_metadata, restore, target_identity, write
     block = int(block)
-    ds = Dataset(data_dirs, DFLASH_LAYERS)
     path = index_model(data_dirs)
     target = Target(path)
+    ds = Dataset(data_dirs, DFLASH_LAYERS + ((target.hp.n_layer,) if teacher else ()))
     model = Draft(target, DFLASH_LAYERS, n_layer, block)
     if init:
         restore(parameters(model), init)
     rng = np.random.default_rng(ctx.obj["seed"])
-    acc = train_loop(model, lambda step: model.loss(*sample_batch(ds, rng, seqs, anchors, block)), steps, lr,
-                     "dflash")
-    notes = (f"trained by tools/train/run.py dflash: {steps} steps x {seqs} seqs x {anchors} blocks of {block}, "
+    d_in = len(DFLASH_LAYERS) * target.hp.n_embd
+
+    def batch(step):
+        feats, tokens, anchors_ = sample_batch(ds, rng, seqs, anchors, block)
+        return model.loss(feats[..., :d_in], tokens, anchors_, feats[..., d_in:] if teacher else None)
+
+    acc = train_loop(model, batch, steps, lr, "dflash")
+    notes = (f"trained by tools/train/run.py dflash{' --teacher' if teacher else ''}: {steps} steps x {seqs} seqs x "
+             f"{anchors} blocks of {block}, "
              f"seed {ctx.obj['seed']}, {len(ds.lengths)} self-distilled sequences"
              + (f", from {Path(init).name}" if init else "") + "; train top-1 per position "
              + " ".join(f"{a:.2f}" for a in acc.tolist()))
@@ -148,8 +160,11 @@ def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr):
 @click.option("--seqs", default=6, show_default=True, help="sequences per step")
 @click.option("--rows", default=384, show_default=True, help="LM-head rows per depth per step")
 @click.option("--lr", default=3e-4, show_default=True)
+@click.option("--teacher/--tokens", default=False, show_default=True,
+              help="learn the target's own distribution for each token (its LM head on its next state), "
+                   "or the data's tokens")
 @click.pass_context
-def mtp(ctx, data_dirs, init, out, steps, seqs, rows, lr):
+def mtp(ctx, data_dirs, init, out, steps, seqs, rows, lr, teacher):
     """Train one next-n head on `data` output and write it as an MTP sidecar GGUF."""
     from data import Dataset
     from export import mtp_metadata, restore, target_identity, write
@@ -161,8 +176,10 @@ def mtp(ctx, data_dirs, init, out, steps, seqs, rows, lr):
     if init:
         restore(parameters(model, target.hp.n_layer), init)
     rng = np.random.default_rng(ctx.obj["seed"])
-    acc = train_loop(model, lambda step: model.loss(*sample_batch(ds, rng, seqs), rows, rng), steps, lr, "mtp")
-    notes = (f"trained by tools/train/run.py mtp: {steps} steps x {seqs} seqs ({rows} rows per depth), seed "
+    acc = train_loop(model, lambda step: model.loss(*sample_batch(ds, rng, seqs), rows, rng, teacher), steps, lr,
+                     "mtp")
+    notes = (f"trained by tools/train/run.py mtp{' --teacher' if teacher else ''}: {steps} steps x {seqs} seqs "
+             f"({rows} rows per depth), seed "
              f"{ctx.obj['seed']}, {len(ds.lengths)} self-distilled sequences"
              + (f", from {Path(init).name}" if init else "") + f"; train top-1 depth 1 {acc[0]:.2f}, "
              f"depth 2 {acc[1]:.2f}")
