@@ -56,7 +56,7 @@ class Draft(nn.Module):
         self.layers = nn.ModuleList(Layer(target, hp.n_layer - n_layer + i) for i in range(n_layer))
         self.out_norm = nn.Parameter(target.w["output_norm.weight"].clone())
         self.embd, self.head = target.w["token_embd.weight"], target.w["output.weight"]
-        self.target_norm = target.w["output_norm.weight"]
+        self.teacher = target.lm_head  # the target's logits from its final state
 
     def _heads(self, x, n):
         return x.view(x.shape[0], x.shape[1], n, self.hp.head_dim).transpose(1, 2)
@@ -101,7 +101,7 @@ class Draft(nn.Module):
         else:
             state = torch.gather(last, 1, (at - 1)[:, :, None].expand(-1, -1, last.shape[2]))
             with torch.no_grad():
-                p = F.softmax(rms_norm(state, self.target_norm, self.hp.rms_eps) @ self.head.T, -1)
+                p = F.softmax(self.teacher(state), -1)
             p = p.view(logits.shape)
             ce = -(p * F.log_softmax(logits, -1)).sum(-1)
             labels = p.argmax(-1)

@@ -38,7 +38,8 @@ class Head(nn.Module):
         self.eh_proj = p(torch.cat([torch.eye(d), torch.eye(d)], 1))
         self.enorm, self.hnorm = p(torch.ones(d)), p(torch.ones(d))
         self.shared_head_norm = p(w["output_norm.weight"])
-        self.embd, self.head, self.out_norm = w["token_embd.weight"], w["output.weight"], w["output_norm.weight"]
+        self.embd, self.head = target.w["token_embd.weight"], target.w["output.weight"]
+        self.teacher = target.lm_head  # the target's logits from its final state
 
     def fuse(self, h, tokens):
         e = self.embd[tokens]
@@ -81,7 +82,7 @@ class Head(nn.Module):
             if teacher:  # state i + depth predicts the token at i + depth + 1, this row's label
                 ahead = torch.cat([h[:, depth:], h[:, :depth]], 1).reshape(S * T, -1)[pick]
                 with torch.no_grad():
-                    p = F.softmax(rms_norm(ahead, self.out_norm, self.hp.rms_eps) @ self.head.T, -1)
+                    p = F.softmax(self.teacher(ahead), -1)
                 losses.append(-(p * F.log_softmax(logits, -1)).sum(-1).mean())
                 labels = p.argmax(-1)
             else:
