@@ -272,3 +272,24 @@ def test_a_strategy_none_of_whose_drafts_is_accepted_is_judged_not_to_pay():
         k = lucky.choose(1000)
         lucky.update(k, k, int(k > 0 and lucky.total[1] == 0), CPU[1] if not k else CPU[2], 0.001)
     assert lucky.total[1] == 1 and lucky.stop_reason() is None  # one accepted draft: judged by its rate
+
+
+LAVAPIPE = {1: 0.0251, 2: 0.0297, 4: 0.0368, 8: 0.0573, 16: 0.099}  # bench spec, MTP at k 1
+
+
+def test_how_many_misses_switch_a_draft_off_follows_what_it_expects():
+    """The shipped MTP head (a_1 0.35 on its record) had none of its first 5 drafts accepted on
+    bench spec's prompt (a 12% chance at that a_1), was switched off by a 4-draft rule, and paid
+    1.07x there at k 1. None accepted of n drafts must be unlikely (2%) for the a_1 it expects."""
+    def misses(prior, n):
+        c = DraftController(1, LAVAPIPE)
+        if prior is not None:
+            c.expect(prior)
+        for step in range(16):  # n rejected single drafts, then plain steps
+            c.update(int(step < n), int(step < n), 0, LAVAPIPE[2 if step < n else 1], 0.001 if step < n else None)
+            c.note_overhead(0.0001)
+        reason = c.stop_reason() or ""
+        return c.stop_drafts(), reason.startswith("none of its")
+    assert misses(0.35, 5) == (10, False) and misses(0.35, 10) == (10, True)
+    assert misses(None, 5) == (6, False) and misses(None, 6) == (6, True)
+    assert misses(0.9, 4) == (4, True) and misses(0.0, 15)[0] == 16

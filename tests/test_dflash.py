@@ -24,6 +24,7 @@ from vkdflash.ref.model import RefModel, RefWeights
 from vkdflash.sampling import Sampler
 from vkdflash.spec import SpecStats, StrategyContext, StrategyOptions
 from vkdflash.spec.engine import Speculator, target_view
+from vkdflash.spec.vocab import DRAFT_VOCAB, VOCAB
 from vkdflash.tokenizer import Tokenizer
 from vkdflash_dflash import factory
 from vkdflash_dflash.draft_file import load_draft
@@ -150,7 +151,7 @@ def drive(ctx0, target, ref_weights, draft_path, ctype, max_n=8, p_min=0.0, step
         for accept in steps:
             prop = s.propose(sctx, last, max_n)
             n = min(max_n, draft.hp.block_size - 1)
-            got = s.logits.read(np.float32, n * target.hparams.n_vocab).reshape(n, -1)
+            got = s.logits.read(np.float32, n * s.n_out).reshape(n, -1)
             want, bad = ref.draft(last, max_n, p_min), bug.draft(last, max_n, p_min)
             yield prop.tokens, got, want[0], want[1], bad[0], bad[1]
             commit = [last] + list(itertools.islice(seq, accept))
@@ -387,4 +388,29 @@ def test_one_speculator_serves_request_after_request(ctx0, target, files):
         assert generate_ids(model, prompt, 12, spec) == generate_ids(model, prompt, 12)
         assert stats.disabled == ""
     spec.close()
+    model.close()
+
+
+def test_a_draft_vocabulary_narrows_the_lm_head_to_the_same_drafts(ctx0, target, ref_weights, files):
+    """A draft listing all tokens but one the drafts never pick (in another order): its LM head
+    holds those rows only, each listed token's logit has the bits of the whole head's, and the
+    drafts are the whole head's; the vocab setting 0 keeps the whole head."""
+    full = list(drive(ctx0, target, ref_weights, files["draft"], "f16", steps=ACCEPTS[:3]))
+    n_vocab = target.hparams.n_vocab
+    unused = min(set(range(n_vocab)) - {t for step in full for t in step[0]})
+    listed = np.random.default_rng(0).permutation([t for t in range(n_vocab) if t != unused]).tolist()
+    path = write_dflash(files["dir"] / "vocab.gguf", files["target"],
+                        metadata={DRAFT_VOCAB: (listed, VT.ARRAY, VT.UINT32)})
+    narrow = list(drive(ctx0, target, ref_weights, path, "f16", steps=ACCEPTS[:3]))
+    for (tokens, logits, want, *_), (n_tokens, n_logits, *_) in zip(full, narrow):
+        assert n_tokens == tokens == want
+        assert n_logits.shape[1] == n_vocab - 1
+        assert np.array_equal(n_logits, logits[:, listed])
+    model = Model(ctx0, target, n_ctx=64)
+    sctx = strategy_ctx(ctx0, model, path)
+    sctx.options.settings = {VOCAB.key: 0}
+    s = factory(sctx)
+    assert s.vocab is None and s.n_out == n_vocab
+    s.close()
+    sctx.close()
     model.close()

@@ -21,6 +21,7 @@ from vkdflash.sampling import Sampler
 from vkdflash.spec import SpecStats, StrategyContext, StrategyOptions
 from vkdflash.spec import engine
 from vkdflash.spec.engine import Speculator
+from vkdflash.spec.vocab import DRAFT_VOCAB, VOCAB
 from vkdflash.tokenizer import Tokenizer
 from vkdflash_mtp import MTP, NO_HEADS
 
@@ -318,3 +319,68 @@ def test_sampled_mtp_drafts_are_gumbel_max_draws(ctx0, trained, monkeypatch):
         assert temp == 1.5
         assert drafts == [int(i) for i in np.argmax(logits + noise, axis=1)]
         np.testing.assert_allclose(probs, draft_distribution(logits, 1.5), rtol=1e-12)
+
+
+# -- draft vocabulary ------------------------------------------------------------------------------
+
+def vocab_drafts(ctx, model, path, vocab=None, temperature=0.0):
+    """Drafts of 3 from a few last tokens after PROMPT: [(tokens, logits, probs)], and the head's rows."""
+    sctx = context(ctx, model, draft_model=path, draft_max=3)
+    if vocab is not None:
+        sctx.options.settings = {VOCAB.key: vocab}
+    sctx.temperature, sctx.seed = temperature, 5
+    gpu = MTP(sctx)
+    model.reset()
+    hand_over(sctx, model.forward(PROMPT, capture=gpu.capture_layers), 0, PROMPT)
+    gpu.begin(sctx)
+    out, r = [], gpu.runner
+    for last in (9, 4, 30, 77):
+        prop = gpu.propose(sctx, last, 3)
+        out.append((prop.tokens, r.d_logits.read(np.float32, r.s_logits // 4 * 3).reshape(3, -1)[:, :r.n_out],
+                    prop.probs))
+    n_out = r.n_out
+    gpu.close()
+    sctx.close()
+    return out, n_out
+
+
+def test_a_draft_vocabulary_narrows_the_head_to_the_same_chained_drafts(ctx0, files, tmp_path):
+    """A sidecar listing all tokens but one the drafts never pick (in another order): the head holds
+    those rows, depth j+1 embeds the row depth j picked, and the drafts and each listed token's
+    logit are the whole head's; sampled drafts hand over distributions that are zero off the list."""
+    mf = load_model(files["plain"])
+    model = Model(ctx0, mf, n_ctx=96)
+    full, n_vocab = vocab_drafts(ctx0, model, str(M.write_sidecar(tmp_path / "full.gguf")))
+    unused = min(set(range(n_vocab)) - {t for tokens, _, _ in full for t in tokens})
+    listed = np.random.default_rng(0).permutation([t for t in range(n_vocab) if t != unused]).tolist()
+    path = str(M.write_sidecar(tmp_path / "vocab.gguf", metadata={DRAFT_VOCAB: (listed, VT.ARRAY, VT.UINT32)}))
+    narrow, n_out = vocab_drafts(ctx0, model, path)
+    assert n_out == n_vocab - 1
+    for (tokens, logits, _), (n_tokens, n_logits, _) in zip(full, narrow):
+        assert n_tokens == tokens and len(tokens) == 3
+        assert np.array_equal(n_logits, logits[:, listed])
+    sampled, _ = vocab_drafts(ctx0, model, path, temperature=1.0)
+    for tokens, _, probs in sampled:
+        assert probs.shape == (3, n_vocab) and np.all(probs[:, unused] == 0)
+        np.testing.assert_allclose(probs.sum(axis=1), 1.0)
+        assert all(probs[i, t] > 0 for i, t in enumerate(tokens))
+    assert vocab_drafts(ctx0, model, path, vocab=0)[1] == n_vocab
+    model.close()
+
+
+@pytest.mark.parametrize("listed, vocab, words", [
+    ([3, 5, 3], None, "vkdflash.draft.vocab lists a token twice"),
+    ([3, 1 << 20], None, "vkdflash.draft.vocab holds 1048576, out of range"),
+    ([3, 5], -1, "vocab=-1: must be >= 0"),
+])
+def test_a_bad_draft_vocabulary_is_a_one_line_error(ctx0, files, tmp_path, listed, vocab, words):
+    model = Model(ctx0, load_model(files["plain"]), n_ctx=96)
+    path = str(M.write_sidecar(tmp_path / "bad.gguf", metadata={DRAFT_VOCAB: (listed, VT.ARRAY, VT.UINT32)}))
+    sctx = context(ctx0, model, draft_model=path)
+    if vocab is not None:
+        sctx.options.settings = {VOCAB.key: vocab}
+    with pytest.raises(VkdflashError) as info:
+        MTP(sctx)
+    assert words in str(info.value) and "\n" not in str(info.value)
+    sctx.close()
+    model.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vkdflash.api import hookimpl, offer
+from vkdflash.api import VOCAB, hookimpl, offer
 
 __version__ = "0.1.0"
 
@@ -23,7 +23,7 @@ def factory(ctx):
 def register_strategies(register):
     register("dflash", factory, "DFlash block diffusion: a small draft fed with target hidden states "
                                 "proposes a whole block per pass (-md DRAFT.gguf, or the draft shipped for the "
-                                "default model)", aliases=("draft-dflash",))
+                                "default model)", options=(VOCAB,), aliases=("draft-dflash",))
 
 
 @hookimpl

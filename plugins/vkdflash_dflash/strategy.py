@@ -4,7 +4,8 @@ inject (begin / commit), per committed position p, features = [h_L1 | ... | h_LK
   g = RMSNorm_enc(fc . features); per draft layer: K = RoPE_p(k_norm(W_k g)), V = W_v g -> the
   draft cache at p through the KV handle (the core write hook: rotation, then quantization).
 propose: tokens [last, MASK x n] at P..P+n (P = committed positions = injected positions), the
-  layer stack with the "block" mask, LM head on rows 1..n, greedy argmax on the GPU. Attention
+  layer stack with the "block" mask, LM head on rows 1..n (over the draft vocabulary's tokens
+  where the file lists them: vkdflash.api.DraftVocab), greedy argmax on the GPU. Attention
   sees 0..P+n: 0..P-1 were injected, P..P+n written by this very pass, so no stale row is ever
   read; the block's rows are dropped afterwards and overwritten by the next injection.
 One graph is recorded per shape and replayed; ids, positions and first position live in small
@@ -17,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from vkdflash.api import (BlockBuffers, BlockShape, BlockWeights, DeviceStore, Graph, Proposal, Strategy, VkdflashError,
-                          Weight, argmax, get_rows, matmul, record_block, rms_norm, sample_drafts, select_drafts,
-                          shipped_draft, suite_record, write_kv)
+                          Weight, argmax, draft_vocab, get_rows, matmul, record_block, rms_norm, sample_drafts,
+                          select_drafts, shipped_draft, suite_record, write_kv)
 
 from .draft_file import load_draft
 
@@ -43,6 +44,10 @@ class DFlash(Strategy):
         self.hp = hp = self.draft.hp
         self.capture_layers = hp.target_layers
         self.n_vocab = ctx.target.n_vocab
+        self.vocab = draft_vocab(self.draft.gguf.metadata, self.n_vocab, ctx.options.settings)
+        if self.vocab and not hp.own_output and ctx.target.model_file is None:
+            self.vocab = None  # the target's file is not at hand to narrow its head
+        self.n_out = self.vocab.size if self.vocab else self.n_vocab  # LM head rows
         self.store = DeviceStore(ctx.gpu)
         try:
             self._load(ctx)
@@ -52,8 +57,10 @@ class DFlash(Strategy):
         self.draft.close()  # every tensor now lives in device buffers
         self.n_injected = 0
         log.info("dflash draft %s: %d layers, block size %d, target layers %s, mask token %d, %s embedding, "
-                 "%s LM head%s", path, hp.n_layer, hp.block_size, list(hp.target_layers),
+                 "%s LM head over %s%s", path, hp.n_layer, hp.block_size, list(hp.target_layers),
                  hp.mask_token_id, "own" if hp.own_embd else "target's", "own" if hp.own_output else "target's",
+                 f"the file's {self.n_out} most frequent tokens of {self.n_vocab} (--spec-opt dflash.vocab=0: "
+                 "every token)" if self.vocab else "every token",
                  f"; its suite measured {self.record.note}" if self.record.note else "")
 
     def _load(self, ctx) -> None:
@@ -61,15 +68,25 @@ class DFlash(Strategy):
         self.fc = self._mat("fc.weight")
         self.enc_norm, self.output_norm = self._vec("enc.output_norm.weight"), self._vec("output_norm.weight")
         self.embd = self._mat("token_embd.weight") if hp.own_embd else ctx.target.token_embd
-        self.output = self._mat("output.weight") if hp.own_output else ctx.target.output
+        self.output = self._head(ctx)
         self.layers = [BlockWeights.load(self._vec, self._mat, f"blk.{i}.", qk_norm=True) for i in range(hp.n_layer)]
         self.kv = ctx.create_kv_cache(hp.n_layer, hp.n_head_kv, hp.head_dim, name="dflash draft")
         self.shape = BlockShape(d, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.rms_eps, hp.rope_base, "neox")
         nb = hp.block_size
         self.b = BlockBuffers.alloc(self._buf, self.shape, max(B, nb))  # K/V of B injected rows, or a block
         self.feat, self.g, self.pos = self._buf(4 * B * hp.n_features), self._buf(4 * B * d), self._buf(4 * B)
-        self.logits, self.ids, self.best = self._buf(4 * nb * self.n_vocab), self._buf(4 * nb), self._buf(4 * nb)
+        self.logits, self.ids, self.best = self._buf(4 * nb * self.n_out), self._buf(4 * nb), self._buf(4 * nb)
         self.params = self._buf(16)
+
+    def _head(self, ctx) -> Weight:
+        if not self.vocab:
+            return self._mat("output.weight") if self.hp.own_output else ctx.target.output
+        if self.hp.own_output:
+            tensor, name = self.draft.tensor("output.weight"), "dflash output.weight"
+        else:
+            mf = ctx.target.model_file
+            tensor, name = mf.tensor(mf.output_name), f"target {mf.output_name}"
+        return self.store.matrix(self.vocab.rows(tensor), f"{name}[{self.vocab.size} tokens]")
 
     def _buf(self, nbytes: int):
         return self.store.buffer(nbytes)
@@ -98,7 +115,7 @@ class DFlash(Strategy):
         rows = b.xn.view(d * 4, n * d * 4)  # row 0 (the last token) predicts nothing new
         rms_norm(g, b.x.view(d * 4, n * d * 4), self.output_norm, rows, n, d, hp.rms_eps)
         matmul(g, self.output, rows, self.logits, n)
-        argmax(g, self.logits, self.best, n, self.n_vocab)
+        argmax(g, self.logits, self.best, n, self.n_out)
         return g
 
     def _graph(self, key):
@@ -143,11 +160,13 @@ class DFlash(Strategy):
         self._graph(("block", n)).run()
         self.kv.truncate(P)  # only injected context persists; P.. are rewritten on commit
         sampled = ctx.temperature > 0
-        logits = (self.logits.read(np.float32, n * self.n_vocab).reshape(n, self.n_vocab)
+        logits = (self.logits.read(np.float32, n * self.n_out).reshape(n, self.n_out)
                   if self.options.p_min > 0 or sampled else None)
         if sampled:  # each block row's own distribution: rows are predicted in parallel
-            return Proposal(*sample_drafts(logits, ctx.temperature, self.rng, self.options.p_min))
-        return Proposal(select_drafts(self.best.read(np.uint32, n), logits, self.options.p_min))
+            rows, probs = sample_drafts(logits, ctx.temperature, self.rng, self.options.p_min)
+            return Proposal(self.vocab.tokens(rows), self.vocab.widen(probs)) if self.vocab else Proposal(rows, probs)
+        rows = select_drafts(self.best.read(np.uint32, n), logits, self.options.p_min)
+        return Proposal(self.vocab.tokens(rows) if self.vocab else rows)
 
     def close(self) -> None:
         self.store.close()

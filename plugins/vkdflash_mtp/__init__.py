@@ -8,14 +8,17 @@ cache is made with ctx.create_kv_cache, so it has the draft cache types (-ctkd /
 write goes through the core cache-write hook, rotated like any other."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
-from vkdflash.api import Proposal, Strategy, VkdflashError, hookimpl, offer, suite_record
+from vkdflash.api import VOCAB, Proposal, Strategy, VkdflashError, draft_vocab, hookimpl, offer, suite_record
 
 from .gpu import HeadRunner
 from .heads import NO_HEADS, SHIPPED, SIDECAR_ARCH, Heads, find_heads, load_sidecar
 
 __version__ = "0.1.0"
+log = logging.getLogger("vkdflash")
 __all__ = ["MTP", "NO_HEADS", "Heads", "HeadRunner", "find_heads", "load_sidecar"]
 
 
@@ -32,12 +35,22 @@ class MTP(Strategy):
             # which the engine hands over whenever anything is captured
             self.capture_layers = (target.hparams.n_layer,)
             self.kv = ctx.create_kv_cache(1, hp.n_head_kv, hp.head_dim, name="mtp")
-            self.runner = HeadRunner(ctx.gpu, self.heads, target, self.kv, ctx.options.draft_max)
+            vocab = self._vocab(ctx)
+            self.runner = HeadRunner(ctx.gpu, self.heads, target, self.kv, ctx.options.draft_max, vocab)
         except BaseException:
             self.heads.close()
             raise
         self.p_min = ctx.options.p_min
         self.n_written, self.h_prev = 0, None  # head K/V held for positions 0..n_written-1
+
+    def _vocab(self, ctx):
+        vocab = draft_vocab(self.heads.source.metadata, ctx.target.n_vocab, ctx.options.settings)
+        if vocab and ctx.target.model_file is None:
+            log.info("mtp: LM head over every token (the target's file is not at hand to narrow it)")
+            return None
+        log.info("mtp: LM head over %s", f"the head file's {vocab.size} most frequent tokens of {vocab.n_vocab} "
+                 "(--spec-opt mtp.vocab=0: every token)" if vocab else "every token")
+        return vocab
 
     def _states(self, ctx) -> np.ndarray:
         if self.heads.hidden == "prenorm":
@@ -91,7 +104,7 @@ class MTP(Strategy):
 @hookimpl
 def register_strategies(register):
     register("mtp", MTP, "next-n (MTP) heads of the target, or of a -md sidecar, drafting autoregressively",
-             aliases=("draft-mtp",))
+             options=(VOCAB,), aliases=("draft-mtp",))
 
 
 @hookimpl

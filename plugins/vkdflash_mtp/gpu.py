@@ -9,7 +9,10 @@ Two kinds of recorded graph, each replayed with per-step values written into sma
              logits before the argmax: argmax(l + T g) is a draw from softmax(l / T) (Gumbel-max),
              so depth j+1 is conditioned on a sampled draft without leaving the GPU.
 eh_proj . [e ; h] is computed as W_e . e + W_h . h with the two column halves of eh_proj (split
-on block boundaries, or dequantized to f32 where the hidden size is not a whole number of blocks)."""
+on block boundaries, or dequantized to f32 where the hidden size is not a whole number of blocks).
+With a draft vocabulary (vkdflash.api.DraftVocab) the LM head holds only its tokens' rows, and a
+depth's argmax is a row of it: depth j+1 looks its token up in the same rows of the embedding,
+and only the host maps rows back to token ids."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,9 +29,11 @@ def _up(n: int, a: int) -> int:
 
 
 class HeadRunner:
-    def __init__(self, gpu, heads, target, kv, max_depth: int):
+    def __init__(self, gpu, heads, target, kv, max_depth: int, vocab=None):
         self.gpu, self.kv, self.hp, self.hidden = gpu, kv, heads.hp, heads.hidden
         self.d, self.n_vocab, self.max_depth = heads.hp.n_embd, target.n_vocab, max(1, int(max_depth))
+        self.vocab = vocab  # None: the whole vocabulary
+        self.n_out = vocab.size if vocab else self.n_vocab  # LM head rows
         self.store = DeviceStore(gpu)
         try:
             self._load(heads, target)
@@ -46,6 +51,9 @@ class HeadRunner:
         self.embed = mat("nextn.embed_tokens.weight") if heads.has("nextn.embed_tokens.weight") else target.token_embd
         self.head = (mat("nextn.shared_head_head.weight") if heads.has("nextn.shared_head_head.weight")
                      else target.output)
+        self.embed_out = self.embed  # embeds what a depth drafted (a row of the head)
+        if self.vocab:
+            self.head, self.embed_out = self._narrow(heads, target)
         d = self.d
         self.shape = BlockShape(d, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.rms_eps, hp.rope_base,
                                 hp.rope_mode)
@@ -55,7 +63,7 @@ class HeadRunner:
         # draft slots, each on a bindable offset
         self.a = max(16, self.gpu.features.min_storage_buffer_offset_alignment)
         D, a = self.max_depth, self.a
-        self.s_h, self.s_logits = _up(4 * d, a), _up(4 * self.n_vocab, a)
+        self.s_h, self.s_logits = _up(4 * d, a), _up(4 * self.n_out, a)
         self.d_ids, self.d_pos, self.d_par = self._buf(a * (D + 1)), self._buf(a * D), self._buf(a * D)
         self.d_h, self.d_logits = self._buf(self.s_h * (D + 1)), self._buf(self.s_logits * D)
         self.d_noise, self.d_noisy = self._buf(self.s_logits * D), self._buf(self.s_logits * D)
@@ -69,6 +77,22 @@ class HeadRunner:
 
     def _mat(self, heads, suffix: str) -> Weight:
         return self.store.matrix(heads.tensor(suffix), heads.name(suffix))
+
+    def _narrow(self, heads, target):
+        """The LM head's and the embedding's rows for the vocabulary's tokens (one weight when both
+        are the target's tied embedding)."""
+        def source(suffix, name):
+            if heads.has(suffix):
+                return ("head", suffix), heads.tensor(suffix), heads.name(suffix)
+            return ("target", name), target.model_file.tensor(name), f"target {name}"
+        mf = target.model_file
+        keys = [source("nextn.shared_head_head.weight", mf.output_name), source("nextn.embed_tokens.weight",
+                                                                                 "token_embd.weight")]
+        made = {}
+        for key, tensor, name in keys:
+            if key not in made:
+                made[key] = self.store.matrix(self.vocab.rows(tensor), f"{name}[{self.vocab.size} tokens]")
+        return made[keys[0][0]], made[keys[1][0]]
 
     def _split_eh(self, heads):
         t, d = heads.tensor("nextn.eh_proj.weight"), self.d
@@ -84,10 +108,10 @@ class HeadRunner:
         return [self.store.adopt(w) for w in halves]
 
     # -- recording ------------------------------------------------------------------------
-    def _fuse(self, g, n, ids, h) -> None:
+    def _fuse(self, g, n, ids, h, embed=None) -> None:
         """x = W_e enorm(embed(ids)) + W_h hnorm(h) for n rows."""
         d, eps, b = self.d, self.hp.rms_eps, self.b
-        get_rows(g, self.embed, ids, self.e, n)
+        get_rows(g, embed or self.embed, ids, self.e, n)
         rms_norm(g, self.e, self.enorm, self.e, n, d, eps)
         rms_norm(g, h, self.hnorm, self.hn, n, d, eps)
         matmul(g, self.w_e, self.e, b.x, n)
@@ -106,16 +130,17 @@ class HeadRunner:
         g = Graph(self.gpu)
         for j in range(m):
             ids, pos, par = self.d_ids.view(a * j, 4), self.d_pos.view(a * j, 4), self.d_par.view(a * j, 16)
-            logits = self.d_logits.view(self.s_logits * j, 4 * self.n_vocab)
-            self._fuse(g, 1, ids, self.d_h.view(self.s_h * j, 4 * d))
+            logits = self.d_logits.view(self.s_logits * j, 4 * self.n_out)
+            # depth 0 reads the committed token, deeper ones a row of the (narrowed) head
+            self._fuse(g, 1, ids, self.d_h.view(self.s_h * j, 4 * d), self.embed if j == 0 else self.embed_out)
             record_block(g, self.block, self.shape, b, self.kv, 0, 1, pos, par)
             rms_norm(g, b.x, self.sh_norm, b.xn, 1, d, eps)
             matmul(g, self.head, b.xn, logits, 1)
             if sampled:
-                noisy = self.d_noisy.view(self.s_logits * j, 4 * self.n_vocab)
-                add(g, logits, self.d_noise.view(self.s_logits * j, 4 * self.n_vocab), noisy, self.n_vocab)
+                noisy = self.d_noisy.view(self.s_logits * j, 4 * self.n_out)
+                add(g, logits, self.d_noise.view(self.s_logits * j, 4 * self.n_out), noisy, self.n_out)
                 logits = noisy
-            argmax(g, logits, self.d_ids.view(a * (j + 1), 4), 1, self.n_vocab)
+            argmax(g, logits, self.d_ids.view(a * (j + 1), 4), 1, self.n_out)
             if j + 1 < m:
                 feed = b.x if self.hidden == "prenorm" else b.xn
                 copy(g, feed, self.d_h.view(self.s_h * (j + 1), 4 * d), 4 * d)
@@ -153,18 +178,22 @@ class HeadRunner:
         sampled = temperature > 0
         if sampled:
             noise = np.zeros((m, self.s_logits // 4), np.float32)
-            noise[:, :self.n_vocab] = temperature * rng.gumbel(size=(m, self.n_vocab))
+            noise[:, :self.n_out] = temperature * rng.gumbel(size=(m, self.n_out))
             self.d_noise.write(noise)
         self._graph(("draft", m, sampled)).run()
-        drafts = [int(t) for t in self.d_ids.read(np.uint32, w * (m + 1))[w::w]]
+        drafts = self.d_ids.read(np.uint32, w * (m + 1))[w::w]
+        drafts = self.vocab.tokens(drafts) if self.vocab else [int(t) for t in drafts]
         if p_min <= 0 and not sampled:
             return drafts, None
-        rows = self.d_logits.read(np.float32, self.s_logits // 4 * m).reshape(m, -1)[:, :self.n_vocab]
+        rows = self.d_logits.read(np.float32, self.s_logits // 4 * m).reshape(m, -1)[:, :self.n_out]
         if p_min > 0:
             x = rows.astype(np.float64) - rows.max(axis=1, keepdims=True)
             low = np.flatnonzero(1.0 / np.exp(x).sum(axis=1) < p_min)  # softmax probability of the argmax
             drafts = drafts[:low[0]] if low.size else drafts
-        return drafts, (draft_distribution(rows[:len(drafts)], temperature) if sampled else None)
+        if not sampled:
+            return drafts, None
+        q = draft_distribution(rows[:len(drafts)], temperature)
+        return drafts, (self.vocab.widen(q) if self.vocab else q)
 
     def close(self) -> None:
         self.store.close()

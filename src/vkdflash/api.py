@@ -32,6 +32,7 @@ from .runtime.memory import Buffer, View
 from .spec.drafts import draft_distribution, sample_drafts, select_drafts, top1_probability
 from .spec.shipped import Record, offer, shipped_draft, suite_record
 from .spec.strategy import KVHandle, Option, Proposal, Strategy, StrategyContext, StrategyOptions
+from .spec.vocab import DRAFT_VOCAB, VOCAB, DraftVocab, draft_vocab
 
 __all__ = [
     # plugins and strategies
@@ -39,6 +40,8 @@ __all__ = [
     "select_drafts", "sample_drafts", "draft_distribution", "top1_probability", "VkdflashError",
     # drafts shipped with a plugin for a target, and what they measured
     "shipped_draft", "suite_record", "offer", "Record",
+    # a draft's LM head over its most frequent tokens
+    "DraftVocab", "draft_vocab", "DRAFT_VOCAB", "VOCAB",
     # recording GPU work: graphs, memory, weights, kernels
     "Graph", "Buffer", "View", "DeviceStore", "Weight", "matmul", "rms_norm", "rope", "get_rows",
     "add", "mul", "scale", "swiglu", "softmax", "argmax", "copy", "MAX_HEAD_DIM",

@@ -191,3 +191,15 @@ class Dataset:
         start = self.feat_off[i]
         f = self._feats[self.part[i]][start:start + self.lengths[i] - 1][:, self.slots]
         return f.reshape(len(f), -1)
+
+    def ranked_tokens(self) -> np.ndarray:
+        """Token ids the data holds, by how often the target wrote them (its continuations), ties
+        by how often the prompts hold them: a draft's vocabulary (vkdflash.api.DRAFT_VOCAB)."""
+        n = int(self._tokens.max()) + 1
+        wrote, read = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        for i in range(len(self.lengths)):
+            t = self.tokens(i)
+            np.add.at(wrote, t[self.prompt_lengths[i]:], 1)
+            np.add.at(read, t[:self.prompt_lengths[i]], 1)
+        seen = np.flatnonzero(wrote + read)
+        return seen[np.lexsort((seen, -read[seen], -wrote[seen]))]

@@ -4,6 +4,7 @@
     python tools/train/run.py --threads 1 dflash --data DIR --out FILE.gguf [--steps 1100 --lr 4e-4]
     python tools/train/run.py --threads 1 mtp    --data DIR --out FILE.gguf [--steps 950 --lr 4e-4]
     python tools/train/run.py stamp FILE.gguf --suite-json S --strategy NAME [--cpu-speedup X]
+    python tools/train/run.py vocab FILE.gguf --data DIR [--data DIR]
 --data repeats (data runs with different seeds train as one set); --init FILE.gguf starts from an
 exported draft instead of the target's last block (a longer run in pieces, or more data).
 Needs the [train] extra (torch on the CPU, tqdm). Every step is seeded. On the 2-core reference
@@ -186,6 +187,21 @@ def mtp(ctx, data_dirs, init, out, steps, seqs, rows, lr, teacher):
     write(out, "mtp", mtp_metadata(target.hp, notes) | target_identity(path),
           tensors(model, target.hp.n_layer))
     click.echo(f"wrote {out}: {notes}")
+
+
+@cli.command()
+@click.argument("draft", type=click.Path(exists=True, dir_okay=False))
+@data_option
+def vocab(draft, data_dirs):
+    """List the data's tokens in the draft, most frequent first: the engine's draft vocabulary."""
+    from gguf import GGUFValueType as VT
+
+    from data import Dataset
+    from export import restamp
+    from vkdflash.spec.vocab import DRAFT_VOCAB
+    ranked = Dataset(data_dirs, []).ranked_tokens()
+    restamp(draft, {DRAFT_VOCAB: ([int(t) for t in ranked], VT.ARRAY, VT.UINT32)})
+    click.echo(f"{draft}: {len(ranked)} tokens listed, most frequent first")
 
 
 @cli.command()

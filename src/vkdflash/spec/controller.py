@@ -27,7 +27,9 @@ Keeping a strategy's state (its commit: MTP runs its head over each committed to
 every step whatever k, so T(k) includes that overhead (the median of recent commits: a first
 commit of a shape compiles); once the evidence (STOP_STEPS timed steps) says the best k with
 the strategy is below STOP_RATIO of plain decoding without it, or the best is k = 0 while its
-upkeep is more than UPKEEP_SHARE of a step, or none of STOP_DRAFTS drafts or more was accepted,
+upkeep is more than UPKEEP_SHARE of a step, or none of its drafts was accepted where a draft as
+good as its a_1 prior would have had one accepted (STOP_CHANCE: the shipped MTP head, a_1 0.35,
+had none of its first 5 accepted on bench spec's prompt and was switched off at 4),
 `stop_reason()` says why and the engine switches the strategy off: k = 0 alone cannot stop a
 strategy's upkeep, and its probes cost too (the shipped DFlash draft on lavapipe, a_1 ~0.25,
 left on at k 0 with a probe now and then: 0.91x plain over 9 alternations; switched off: 0.97x).
@@ -45,7 +47,8 @@ PRIOR = 2.0        # pseudo-counts behind a_j's prior: a_{j-1} (for a_1: the dra
 MAX_PROBE_WAIT = 128
 STOP_STEPS = 16    # timed steps before judging whether the strategy pays
 STOP_RATIO = 0.97  # below this share of plain decoding's rate, it does not
-STOP_DRAFTS = 4    # ... nor when none of this many drafts was accepted
+STOP_DRAFTS = 4    # ... nor when none of this many drafts was accepted (at least; see stop_drafts)
+STOP_CHANCE = 0.02  # ... where a draft with the a_1 prior gets none of them accepted this rarely
 UPKEEP_SHARE = 0.01  # ... nor when no k pays and keeping its state costs more than this share of a step
 MAX_SCALE_STEP = float(np.log(4.0))  # most one pass can pull the prior's scale (times its weight)
 
@@ -122,7 +125,7 @@ class DraftController:
         pays or the evidence is thin (never when fixed)."""
         if self.fixed or self.scaled < STOP_STEPS:
             return None
-        if self.total[0] >= STOP_DRAFTS and not self.total[1]:
+        if self.total[0] >= self.stop_drafts() and not self.total[1]:
             # its upkeep (captures, commits) is then pure cost, and hidden in the live curve
             return (f"none of its {self.total[0]} drafts was accepted in {self.scaled} steps; --draft-fixed "
                     "keeps it on")
@@ -140,6 +143,16 @@ class DraftController:
                 f"{a_1:.2f}, {1000 * self.c_draft(max(k, 1)):.0f} ms drafting and "
                 f"{1000 * self.overhead:.0f} ms keeping its state a step) against {plain:.1f} tok/s without; "
                 "--draft-fixed keeps it on")
+
+    def stop_drafts(self) -> int:
+        """Drafts, none accepted, that say a draft is not the one its a_1 prior describes: a draft
+        of that a_1 gets none of n accepted with chance (1 - a_1)^n, kept under STOP_CHANCE (6 at
+        the default 0.5, 10 at 0.35), at least STOP_DRAFTS and at most 4x that."""
+        miss = 1.0 - self.first_prior
+        if miss <= 0.0:
+            return STOP_DRAFTS
+        n = np.ceil(np.log(STOP_CHANCE) / np.log(miss)) if miss < 1.0 else 4 * STOP_DRAFTS
+        return int(min(max(n, STOP_DRAFTS), 4 * STOP_DRAFTS))
 
     def note_overhead(self, seconds: float) -> None:
         """Seconds the last step spent keeping the strategy's state (its commit); the median of
