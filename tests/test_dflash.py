@@ -228,13 +228,15 @@ def test_every_draft_cache_write_goes_through_the_core_hook(ctx0, target, files)
         s.propose(sctx, 1, 4)               # block of 5 rows
         out = m.forward([1, 2], capture=s.capture_layers)
         sctx.new_start, sctx.tokens, sctx.new_hidden = 10, sctx.tokens + [1, 2], out.hidden
-        s.commit(sctx)                      # inject 2 positions
+        s.commit(sctx)                      # 2 positions, injected when a proposal needs them
+        s.propose(sctx, 3, 4)               # inject 2 positions, then the block of 5 rows again
         s.close()
         sctx.close()
         m.close()
     finally:
         manager().unregister(name="dflash-test-observer")
     draft = [w for w in observer.writes if w[0] == "dflash draft"]
+    # each graph's writes, as it is recorded (a replay of the 5-row block's graph records nothing)
     assert [(layer, n) for _, layer, n, _, _ in draft] == [(0, 10), (1, 10), (0, 5), (1, 5), (0, 2), (1, 2)]
     assert all(w[3:] == (64, 64) for w in draft)
 
@@ -414,3 +416,38 @@ def test_a_draft_vocabulary_narrows_the_lm_head_to_the_same_drafts(ctx0, target,
     s.close()
     sctx.close()
     model.close()
+
+
+@pytest.mark.parametrize("inject_rows", [64, 3])
+def test_positions_committed_while_idle_are_injected_before_the_next_proposal(ctx0, target, ref_weights, files,
+                                                                              monkeypatch, inject_rows):
+    """While the controller idles at k 0 the draft injects nothing; what was committed meanwhile
+    (at most INJECT_ROWS held back) is injected before the next proposal, which then equals the
+    numpy pipeline's, injected step by step."""
+    import vkdflash_dflash.strategy as strategy
+    monkeypatch.setattr(strategy, "INJECT_ROWS", inject_rows)
+    model = Model(ctx0, target, n_ctx=64)
+    sctx = strategy_ctx(ctx0, model, files["draft"], draft_max=4)
+    s = factory(sctx)
+    draft = load_draft(files["draft"], target.hparams)
+    ref, tgt = RefDFlash(draft, ref_weights), RefModel(ref_weights, n_ctx=64)
+    layers = draft.hp.target_layers
+    out = tgt.forward(PROMPT, capture_layers=layers)
+    sctx.tokens, sctx.new_start, sctx.new_hidden = list(PROMPT), 0, out.hidden
+    s.begin(sctx)
+    ref.inject(0, ref.features(out.hidden))
+    proposals = 0
+    for step, last in enumerate(SEQUENCE[:12]):
+        if step % 5 == 4:  # a proposal after 4 idle steps
+            assert s.propose(sctx, last, 4).tokens == ref.draft(last, 4, 0.0)[0]
+            proposals += 1
+        assert sum(len(f) for _, f in s.pending) < inject_rows
+        out = tgt.forward([last], capture_layers=layers)
+        sctx.new_start, sctx.tokens, sctx.new_hidden = len(sctx.tokens), sctx.tokens + [last], out.hidden
+        s.commit(sctx)
+        ref.inject(sctx.new_start, ref.features(out.hidden))
+    assert proposals == 2 and s.propose(sctx, 50, 4).tokens == ref.draft(50, 4, 0.0)[0]
+    s.close()
+    sctx.close()
+    model.close()
+    draft.close()

@@ -384,3 +384,39 @@ def test_a_bad_draft_vocabulary_is_a_one_line_error(ctx0, files, tmp_path, liste
     assert words in str(info.value) and "\n" not in str(info.value)
     sctx.close()
     model.close()
+
+
+@pytest.mark.parametrize("max_pending", [64, 3])
+def test_positions_committed_while_idle_are_written_before_the_next_proposal(ctx0, files, monkeypatch, max_pending):
+    """While the controller idles at k 0 the head writes nothing; the positions committed meanwhile
+    (held back, at most MAX_PENDING) are written before the next proposal, which then equals the
+    numpy reference's, kept up to date step by step."""
+    import vkdflash_mtp
+    monkeypatch.setattr(vkdflash_mtp, "MAX_PENDING", max_pending)
+    mf = load_model(files["heads"])
+    model = Model(ctx0, mf, n_ctx=96)
+    sctx = context(ctx0, model, draft_max=3)
+    gpu = MTP(sctx)
+    ref = RefMTP(gpu.heads, RefWeights(mf), "f16", "f16", True)
+    key = mf.hparams.n_layer
+    out = model.forward(PROMPT, capture=gpu.capture_layers)
+    hand_over(sctx, out, 0, PROMPT)
+    gpu.begin(sctx)
+    ref.update(sctx.tokens, 0, out.hidden[key])
+    last, proposals = 9, 0
+    for step in range(12):
+        if step % 5 == 4:  # a proposal after 4 idle steps
+            assert gpu.propose(sctx, last, 3).tokens == ref.propose(last, 3)[0]
+            proposals += 1
+        held = sum(len(t) for _, t, _ in gpu.pending)
+        assert held < max_pending
+        start = len(sctx.tokens)
+        out = model.forward([last], capture=gpu.capture_layers)
+        hand_over(sctx, out, start, [last])
+        gpu.commit(sctx)
+        ref.update(sctx.tokens, start, out.hidden[key])
+        last = int(np.argmax(out.logits[-1]))
+    assert proposals == 2 and gpu.propose(sctx, last, 3).tokens == ref.propose(last, 3)[0]
+    gpu.close()
+    sctx.close()
+    model.close()

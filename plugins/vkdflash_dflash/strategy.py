@@ -9,7 +9,8 @@ propose: tokens [last, MASK x n] at P..P+n (P = committed positions = injected p
   sees 0..P+n: 0..P-1 were injected, P..P+n written by this very pass, so no stale row is ever
   read; the block's rows are dropped afterwards and overwritten by the next injection.
 One graph is recorded per shape and replayed; ids, positions and first position live in small
-buffers rewritten per step."""
+buffers rewritten per step. Committed features wait for the next proposal (at most INJECT_ROWS
+of them, then one injection pass): a step the draft-length controller leaves plain pays nothing."""
 from __future__ import annotations
 
 import logging
@@ -55,7 +56,7 @@ class DFlash(Strategy):
             self.close()
             raise
         self.draft.close()  # every tensor now lives in device buffers
-        self.n_injected = 0
+        self.n_injected, self.pending = 0, []
         log.info("dflash draft %s: %d layers, block size %d, target layers %s, mask token %d, %s embedding, "
                  "%s LM head over %s%s", path, hp.n_layer, hp.block_size, list(hp.target_layers),
                  hp.mask_token_id, "own" if hp.own_embd else "target's", "own" if hp.own_output else "target's",
@@ -74,7 +75,8 @@ class DFlash(Strategy):
         self.shape = BlockShape(d, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.rms_eps, hp.rope_base, "neox")
         nb = hp.block_size
         self.b = BlockBuffers.alloc(self._buf, self.shape, max(B, nb))  # K/V of B injected rows, or a block
-        self.feat, self.g, self.pos = self._buf(4 * B * hp.n_features), self._buf(4 * B * d), self._buf(4 * B)
+        self.feat, self.g = self._buf(4 * B * hp.n_features), self._buf(4 * B * d)
+        self.pos = self._buf(4 * max(B, nb))  # an injection's positions, or a block's
         self.logits, self.ids, self.best = self._buf(4 * nb * self.n_out), self._buf(4 * nb), self._buf(4 * nb)
         self.params = self._buf(16)
 
@@ -124,7 +126,7 @@ class DFlash(Strategy):
 
     # -- the strategy API -----------------------------------------------------------
     def begin(self, ctx) -> None:
-        self.n_injected = 0
+        self.n_injected, self.pending = 0, []
         self.rng = np.random.default_rng(ctx.seed)  # draws the drafts when the request samples
         self._inject(ctx)
 
@@ -140,12 +142,24 @@ class DFlash(Strategy):
         if start > self.n_injected:
             raise VkdflashError(f"dflash injection at position {start} leaves a gap "
                                 f"(the draft context holds {self.n_injected})")
+        if start != self.n_injected:
+            self._flush()  # rewrites positions it had: what is pending must go first
+        self.pending.append((start, feats))
+        self.n_injected = start + len(feats)
+        if self.n_injected - self.pending[0][0] >= INJECT_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Inject every committed position still pending, INJECT_ROWS a pass."""
+        if not self.pending:
+            return
+        start, feats = self.pending[0][0], np.concatenate([f for _, f in self.pending])
+        self.pending = []
         for first in range(0, len(feats), INJECT_ROWS):
             chunk = np.ascontiguousarray(feats[first:first + INJECT_ROWS])
             self.feat.write(chunk)
             self.pos.write(np.arange(start + first, start + first + len(chunk), dtype=np.uint32))
             self._graph(("inject", len(chunk))).run()
-        self.n_injected = start + len(feats)
 
     def propose(self, ctx, last_token: int, max_n: int) -> Proposal:
         P = len(ctx.tokens)
@@ -154,6 +168,7 @@ class DFlash(Strategy):
             return Proposal([])
         if P != self.n_injected:
             raise VkdflashError(f"dflash drafts at position {P} but holds context for {self.n_injected}")
+        self._flush()
         self.ids.write(np.array([last_token] + [self.hp.mask_token_id] * n, np.uint32))
         self.pos.write(np.arange(P, P + n + 1, dtype=np.uint32))
         self.params.write(np.array([P, 0, 0, 0], np.uint32))
