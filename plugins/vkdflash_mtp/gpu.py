@@ -49,11 +49,13 @@ class HeadRunner:
         self.w_e, self.w_h = self._split_eh(heads)
         self.block = BlockWeights.load(vec, mat, "", hp.has_qkv_bias, hp.has_qk_norm, bias_rows=B)
         self.embed = mat("nextn.embed_tokens.weight") if heads.has("nextn.embed_tokens.weight") else target.token_embd
-        self.head = (mat("nextn.shared_head_head.weight") if heads.has("nextn.shared_head_head.weight")
-                     else target.output)
-        self.embed_out = self.embed  # embeds what a depth drafted (a row of the head)
+        # embed_out embeds what a depth drafted: a row of the head
         if self.vocab:
             self.head, self.embed_out = self._narrow(heads, target)
+        else:
+            self.head = (mat("nextn.shared_head_head.weight") if heads.has("nextn.shared_head_head.weight")
+                         else target.output)
+            self.embed_out = self.embed
         d = self.d
         self.shape = BlockShape(d, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.rms_eps, hp.rope_base,
                                 hp.rope_mode)

@@ -29,8 +29,10 @@ commit of a shape compiles); once the evidence (STOP_STEPS timed steps) says the
 the strategy is below STOP_RATIO of plain decoding without it, or the best is k = 0 while its
 upkeep is more than UPKEEP_SHARE of a step, or none of its drafts was accepted where a draft as
 good as its a_1 prior would have had one accepted (STOP_CHANCE: the shipped MTP head, a_1 0.35,
-had none of its first 5 accepted on bench spec's prompt and was switched off at 4),
-`stop_reason()` says why and the engine switches the strategy off: k = 0 alone cannot stop a
+had none of its first 5 accepted on bench spec's prompt and was switched off at 4), or the
+best is k = 0 and not even the a_1 it expects would make a length pay (idling still costs the
+target's captures and the probes: the shipped DFlash draft, whose commits now wait for its
+proposals, left idling ran at 0.94x plain), `stop_reason()` says why and the engine switches the strategy off: k = 0 alone cannot stop a
 strategy's upkeep, and its probes cost too (the shipped DFlash draft on lavapipe, a_1 ~0.25,
 left on at k 0 with a probe now and then: 0.91x plain over 9 alternations; switched off: 0.97x).
 
@@ -137,6 +139,11 @@ class DraftController:
         if k == 0 and self.overhead > UPKEEP_SHARE * self.c_verify(1):
             return (f"it costs more than it saves here: no draft length pays (a_1 {a_1:.2f}) and it "
                     f"spends {1000 * self.overhead:.0f} ms keeping its state a step; --draft-fixed keeps it on")
+        # idling still costs its captures and probes: off where not even the a_1 on the draft's
+        # record would make a length pay (the shipped DFlash draft on lavapipe)
+        if k == 0 and int(np.argmax(self.rates(self.k_max, np.zeros_like(self.run_counts)))) == 0:
+            return (f"it costs more than it saves here: no draft length pays at the a_1 it expects "
+                    f"({self.first_prior:.2f}) nor at the {a_1:.2f} it had; --draft-fixed keeps it on")
         if best >= STOP_RATIO * plain:
             return None
         return (f"it costs more than it saves here: at best {best:.1f} tok/s with it (k {k}, a_1 "
