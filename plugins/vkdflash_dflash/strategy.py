@@ -88,7 +88,7 @@ class DFlash(Strategy):
         else:
             mf = ctx.target.model_file
             tensor, name = mf.tensor(mf.output_name), f"target {mf.output_name}"
-        return self.store.matrix(self.vocab.rows(tensor), f"{name}[{self.vocab.size} tokens]")
+        return self.vocab.head(self.store, tensor, name)
 
     def _buf(self, nbytes: int):
         return self.store.buffer(nbytes)

@@ -86,7 +86,7 @@ class MTP(Strategy):
         if c - 1 > first:
             self.pending.append((hs[:c - 1 - first], ctx.tokens[first + 1:c], first))
         self.h_prev, self.n_written = new[-1].copy(), c - 1
-        if sum(len(t) for _, t, _ in self.pending) >= MAX_PENDING:
+        if self.pending and self.n_written - self.pending[0][2] >= MAX_PENDING:
             self._flush()
 
     def _flush(self) -> None:

@@ -83,18 +83,14 @@ class HeadRunner:
     def _narrow(self, heads, target):
         """The LM head's and the embedding's rows for the vocabulary's tokens (one weight when both
         are the target's tied embedding)."""
-        def source(suffix, name):
+        def narrowed(suffix, name):
             if heads.has(suffix):
-                return ("head", suffix), heads.tensor(suffix), heads.name(suffix)
-            return ("target", name), target.model_file.tensor(name), f"target {name}"
-        mf = target.model_file
-        keys = [source("nextn.shared_head_head.weight", mf.output_name), source("nextn.embed_tokens.weight",
-                                                                                 "token_embd.weight")]
-        made = {}
-        for key, tensor, name in keys:
-            if key not in made:
-                made[key] = self.store.matrix(self.vocab.rows(tensor), f"{name}[{self.vocab.size} tokens]")
-        return made[keys[0][0]], made[keys[1][0]]
+                return self.vocab.head(self.store, heads.tensor(suffix), heads.name(suffix))
+            return self.vocab.head(self.store, target.model_file.tensor(name), f"target {name}")
+        head = narrowed("nextn.shared_head_head.weight", target.model_file.output_name)
+        tied = not heads.has("nextn.shared_head_head.weight") and not heads.has("nextn.embed_tokens.weight") \
+            and target.model_file.output_name == "token_embd.weight"
+        return head, head if tied else narrowed("nextn.embed_tokens.weight", "token_embd.weight")
 
     def _split_eh(self, heads):
         t, d = heads.tensor("nextn.eh_proj.weight"), self.d

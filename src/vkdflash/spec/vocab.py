@@ -41,6 +41,10 @@ class DraftVocab:
         raw = np.asarray(tensor.data).reshape(self.n_vocab, -1)
         return TensorData(tensor.type_id, (tensor.shape[0], self.size), np.ascontiguousarray(raw[self.ids]))
 
+    def head(self, store, tensor: TensorData, name: str):
+        """The rows of `tensor` for these tokens as a Weight in `store` (a DeviceStore)."""
+        return store.matrix(self.rows(tensor), f"{name}[{self.size} tokens]")
+
     def tokens(self, idx) -> list:
         """Token ids of row indices of the narrowed head (its argmax)."""
         return [int(t) for t in self.ids[np.asarray(idx, np.int64)]]
