@@ -53,7 +53,7 @@ def main(verbose: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def devices(as_json: bool) -> None:
     """List Vulkan devices and the features vkdflash uses."""
-    from .runtime.device import choose_device, list_devices
+    from .runtime.device import Instance, choose_device, list_devices
     devs = list_devices()
     if not devs:
         raise VkdflashError("no Vulkan device found: install a Vulkan driver, e.g. `apt-get install "
@@ -73,6 +73,8 @@ def devices(as_json: bool) -> None:
         click.echo("    " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items())
                    + f" (timestamp period {d.timestamp_period_ns:g} ns)")
         click.echo(f"    subgroup ops: {' '.join(d.subgroup_ops)}")
+        if "llvmpipe" in d.driver:
+            click.echo(f"    {Instance.get().cpu_driver}")
     click.echo("(* = default device; choose with --device or VKDFLASH_DEVICE)")
 
 

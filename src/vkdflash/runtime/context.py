@@ -54,6 +54,8 @@ class Context:
         log.info("device %d: %s (%s, %s), subgroup %d, max storage range %d MiB",
                  self.index, self.features.name, self.features.vendor, self.features.driver,
                  self.features.subgroup_size, self.features.max_storage_buffer_range >> 20)
+        if "llvmpipe" in self.features.driver:
+            log.info("%s", self.instance.cpu_driver)
 
     # -- memory -------------------------------------------------------------
     def buffer(self, nbytes: int, host: bool = False, owner=None) -> Buffer:

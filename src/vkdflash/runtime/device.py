@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, asdict
 
 from ..errors import VkdflashError
+from .lavapipe import choose_vector_width
 
 INSTALL_HINT = ("install a Vulkan driver: on Debian/Ubuntu `apt-get install libvulkan1 "
                 "mesa-vulkan-drivers` (lavapipe runs on any CPU)")
@@ -59,6 +60,7 @@ class Instance:
     _shared: "Instance | None" = None
 
     def __init__(self):
+        self.cpu_driver = choose_vector_width()  # before the driver loads
         vk = _vk()
         self.vk = vk
         app = vk.VkApplicationInfo(pApplicationName="vkdflash", applicationVersion=1,
