@@ -40,6 +40,7 @@ layout(constant_id = 7) const uint JROLL = 0u;   // 1: a rolled loop over the NJ
                                                  // ~60x faster on LLVM without XBCAST, runs slower)
 layout(constant_id = 8) const uint R = 1u;       // weight rows per lane (WIDE, 32-value blocks)
 layout(constant_id = 9) const uint TILE = 1u;    // rows per interleaved tile of W (and U)
+layout(constant_id = 10) const uint ISLOTS = 1u; // most slots (NJ) decoding and summing interleaved
 
 #ifdef TEXEL
 layout(binding = 0) uniform usamplerBuffer w_tex;  // u32x4 texels (wide path), else u32
@@ -270,7 +271,7 @@ void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[
                 }
                 acc[0][jj] = combine(acc[0][jj], A[0], B[0], s, t);
             }
-        } else if (NJ > 1u) {
+        } else if (NJ > ISLOTS) {
             // every row's chunk decoded once (spilled: it serves NJ slots), then slot by slot
             // the chains of all rows: RL sums and one x value live at a time, not RL x NJ
             // (lavapipe keeps each live value in a SIMD register; 16 on AVX2)
@@ -293,8 +294,8 @@ void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[
                 [[unroll]] for (uint i = 0u; i < RL; i++) acc[i][jj] = combine(acc[i][jj], A[i], B[i], s[i], t);
             }
         } else {
-            // one slot: 4 values of every row's chunk decoded at a time, then that step of every
-            // row's chain, so nothing spills
+            // one slot (or up to ISLOTS): 4 values of every row's chunk decoded at a time, then
+            // that step of every row's chain, so nothing spills
             vec4 mine[NJ];
             if (XBCAST != 0u)
                 [[unroll]] for (uint jj = 0u; jj < NJ; jj++) mine[jj] = x4(xj[jj] + xb + (gl_SubgroupInvocationID & 7u));
