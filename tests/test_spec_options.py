@@ -125,6 +125,26 @@ def test_the_verify_curve_is_measured_once_and_cached(model, tmp_path, monkeypat
     assert "32" not in curve_seconds
 
 
+def test_the_curve_is_measured_in_rounds_over_every_width(monkeypatch):
+    """Each round times every width once, so a slow spell of the machine shorter than the rounds
+    leaves no width's best figure slow (one width timed all in a slow spell skews every ratio).
+    Here passes 4..9 cost 10x: the first round and a half after the warm-up round."""
+    import types
+    from vkdflash.spec import curve
+    clock = {"t": 0.0, "passes": 0}
+
+    def forward(tokens, all_logits=False):
+        clock["passes"] += 1
+        slow = 3 < clock["passes"] <= 9  # passes 4..9: the first measured round and a half
+        clock["t"] += len(tokens) * (10.0 if slow else 1.0)
+    cache = types.SimpleNamespace(n_ctx=64, truncate=lambda n: None)
+    model = types.SimpleNamespace(cache=cache, hp=types.SimpleNamespace(n_vocab=100), reset=lambda: None,
+                                  forward=forward)
+    monkeypatch.setattr(curve.time, "perf_counter", lambda: clock["t"])
+    seconds = curve.measure(model, rows=(1, 2, 4), context=0, reps=3)
+    assert seconds == {1: 1.0, 2: 2.0, 4: 4.0}
+
+
 def test_a_run_heals_a_stale_cached_curve(model, tmp_path, monkeypatch):
     """Live verify passes go back to the cache: a curve 100x too dear (measured on a busy
     machine) comes back near what the passes cost now."""

@@ -131,7 +131,7 @@ def profile(m, rows=(1, 16), context: int = 64, reps: int = 3) -> dict:
     return out
 
 
-def verify_curve(m, rows=ROWS, context: int = 64, reps: int = 3) -> dict:
+def verify_curve(m, rows=ROWS, context: int = 64, reps: int = 5) -> dict:
     """Wall time of an n-row forward with every row's logits (what a verify pass costs) relative
     to n = 1, best of `reps` after a warm-up, each at the same context position."""
     seconds = measure(m, rows, context, reps)

@@ -19,22 +19,21 @@ ROWS = (1, 2, 4, 8, 16, 32)
 
 def measure(model, rows=ROWS, context: int = 64, reps: int = 3) -> dict[int, float]:
     """Best of `reps` wall-clock seconds of an n-row pass at a `context`-token position, after a
-    warm-up pass that records and compiles. The cache is left empty."""
+    warm-up round that records and compiles. Rounds visit every n in turn, so a slow spell of
+    the machine touches every n alike, not the one measured then. The cache is left empty."""
     rows = [n for n in rows if n <= model.cache.n_ctx] or [1]  # a tiny -c: the passes that fit
     context = max(0, min(context, model.cache.n_ctx - max(rows)))
     tokens = np.random.default_rng(2).integers(0, model.hp.n_vocab, context + max(rows)).tolist()
     model.reset()
     if context:
         model.forward(tokens[:context])
-    seconds = {}
-    for n in rows:
-        best = float("inf")
-        for _ in range(reps + 1):
+    seconds = {n: float("inf") for n in rows}
+    for _ in range(reps + 1):
+        for n in rows:
             model.cache.truncate(context)
             t0 = time.perf_counter()
             model.forward(tokens[context:context + n], all_logits=True)
-            best = min(best, time.perf_counter() - t0)
-        seconds[n] = best
+            seconds[n] = min(seconds[n], time.perf_counter() - t0)
     model.reset()
     return seconds
 
