@@ -144,8 +144,8 @@ class DraftController:
         # record would make a length pay by the margin below (the shipped DFlash draft on
         # lavapipe); inside it, a few noisy timings decide (the shipped MTP head, 1.16x plain at
         # k 1, was switched off in 1 of 5 runs when 4 drafts' timings put k 1 at 0.98x)
-        at_prior = self.rates(self.k_max, np.zeros_like(self.run_counts))[1:]
-        if k == 0 and max(at_prior, default=0.0) < STOP_RATIO * plain:
+        if k == 0 and max(self.rates(self.k_max, np.zeros_like(self.run_counts))[1:], default=0.0) \
+                < STOP_RATIO * plain:
             return (f"it costs more than it saves here: no draft length pays at the a_1 it expects "
                     f"({self.first_prior:.2f}) nor at the {a_1:.2f} it had; --draft-fixed keeps it on")
         if best >= STOP_RATIO * plain:
