@@ -17,7 +17,7 @@ keep the prior's shape, scaled by how live passes compare with it (a curve cache
 machine was busy once made 16 rows look 2.6x dearer than they were, so ngram drafted ~1 token
 a step at 1.6x instead of ~9 at 2.6x). The prior's shape can be wrong too, so after a step
 whose drafts were all accepted it tries a length of 2k + 1 whose cost it has not seen. What it
-learned goes back to the cache when the run ends (`persist`).
+learned of the widths it timed often goes back to the cache when the run ends (`persist`).
 
 A length whose first pass must compile kernels first (setup: lavapipe takes ~1.6 s for a new
 batch width, more than a 128-token run saves) counts its setup against the time to generate
@@ -54,6 +54,7 @@ STOP_DRAFTS = 4    # ... nor when none of this many drafts was accepted (at leas
 STOP_CHANCE = 0.02  # ... where a draft with the a_1 prior gets none of them accepted this rarely
 UPKEEP_SHARE = 0.01  # ... nor when no k pays and keeping its state costs more than this share of a step
 MAX_SCALE_STEP = float(np.log(4.0))  # most one pass can pull the prior's scale (times its weight)
+PERSIST_PASSES = 8  # live passes of a width before the cache learns its cost (one is noise)
 
 
 class DraftController:
@@ -66,6 +67,7 @@ class DraftController:
         self.width = width or (lambda rows: rows)
         self.prior = {int(n): float(s) for n, s in verify_seconds.items()}
         self.live: dict[int, float] = {}  # decayed mean of timed passes per row count
+        self.passes: dict[int, int] = {}  # timed passes per row count
         self.log_scale, self.scaled = 0.0, 0  # live / prior, in logs; passes behind it
         self.verify = self._curve()
         self.full = 0       # drafts of the last step when all were accepted, else 0
@@ -100,10 +102,7 @@ class DraftController:
         scale = float(np.exp(self.log_scale))
         table = {n: s * scale for n, s in self.prior.items()}
         table.update(self.live)
-        out, low = {}, float("inf")
-        for n in sorted(table, reverse=True):
-            low = out[n] = min(table[n], low)
-        return dict(sorted(out.items()))
+        return _monotone(table)
 
     def c_verify(self, n: int) -> float:
         return _interp(self.verify, self.width(n))
@@ -196,8 +195,11 @@ class DraftController:
                 k = reach  # the last drafts all held: learn what a longer verify costs here
             self.probing = k == 0 and self.idle >= self.wait
             if self.probing:
+                # the length that would pay best at the draft's record: MTP's head (a_1 0.35) probes
+                # 1 draft, a 2-row pass, not 2 (3 rows, priced as 4 on lavapipe: a dear probe)
                 cheap = [j for j in range(1, limit + 1) if affordable(j)]
-                k = min(cheap, key=lambda j: abs(j - 2)) if cheap else 0
+                at_record = self.rates(limit, np.zeros_like(self.counts))
+                k = max(cheap, key=lambda j: (at_record[j], -j)) if cheap else 0
                 self.probing = k > 0
         self.idle = 0 if k else self.idle + 1
         self.chosen.append(k)
@@ -215,6 +217,7 @@ class DraftController:
             step = float(np.clip(ratio - self.log_scale, -MAX_SCALE_STEP, MAX_SCALE_STEP))
             self.log_scale += step * max(1 - DECAY, 1 / self.scaled)
             self.live[rows] = _ema(self.live.get(rows), verify_seconds)
+            self.passes[rows] = self.passes.get(rows, 0) + 1
             self.verify = self._curve()
         if k and draft_seconds is not None:
             self.draft[k] = _ema(self.draft.get(k), draft_seconds)
@@ -231,9 +234,17 @@ class DraftController:
                     counts[accepted, 1] += 1
 
     def finish(self) -> None:
-        """Hand the learned curve to `persist` (at the prior's row counts and every live one)."""
-        if self.persist is not None and self.live:
-            self.persist(dict(self.verify))
+        """Hand the learned curve to `persist`: the widths timed PERSIST_PASSES times or more as
+        timed, the others at the prior's shape scaled as those compare with it. A width timed once
+        or twice is noise (bench spec's warm-up sweep times each once): cached, a 2-row figure 1.3x
+        one row where rounds measure 1.1x made the next runs switch the MTP head off."""
+        known = {n: s for n, s in self.live.items() if self.passes.get(n, 0) >= PERSIST_PASSES}
+        if self.persist is None or not known:
+            return
+        scale = float(np.exp(np.mean([np.log(s / _interp(self.prior, n)) for n, s in known.items()])))
+        table = {n: s * scale for n, s in self.prior.items()}
+        table.update(known)
+        self.persist(_monotone(table))
 
     def summary(self) -> dict:
         """Mean chosen k and why: the expected rate of the mean choice next to plain decoding's."""
@@ -244,6 +255,14 @@ class DraftController:
                 "overhead_seconds": self.overhead,
                 "acceptance": [round(float(a), 3) for a in self.acceptance()],
                 "verify_seconds": {str(n): s for n, s in sorted(self.verify.items())}}
+
+
+def _monotone(table: dict) -> dict:
+    """The table with fewer rows never costing more than more rows."""
+    out, low = {}, float("inf")
+    for n in sorted(table, reverse=True):
+        low = out[n] = min(table[n], low)
+    return dict(sorted(out.items()))
 
 
 def _ema(old: float | None, new: float) -> float:

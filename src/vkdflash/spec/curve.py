@@ -15,6 +15,8 @@ from ..runtime.pipelines import spirv_build_id
 
 log = logging.getLogger("vkdflash")
 ROWS = (1, 2, 4, 8, 16, 32)
+# bumped when what is cached changes meaning: 2 keeps only widths timed often (controller.finish)
+CURVE_FORMAT = "curves 2"
 
 
 def measure(model, rows=ROWS, context: int = 64, reps: int = 3) -> dict[int, float]:
@@ -43,7 +45,7 @@ def _key(model) -> str:
     st = os.stat(path)
     f = model.ctx.features
     return (f"{path}|{st.st_size}|{st.st_mtime_ns}|{f.name}|{f.driver}|{model.cache.ctk}/{model.cache.ctv}"
-            f"|kernels {spirv_build_id()}")
+            f"|kernels {spirv_build_id()}|{CURVE_FORMAT}")
 
 
 def verify_costs(model) -> dict[int, float]:
