@@ -174,7 +174,7 @@ def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator, reps: in
                 m.forward([ids[0]] * n, all_logits=n > 1, capture=speculator.capture, greedy=True)
             m.reset()
             persist = getattr(speculator.control, "persist", None)
-            speculator.control = Sweep(k_max, {1: 1.0}, persist=persist, width=speculator.control.width)
+            speculator.control = Sweep(k_max, speculator.control.prior, persist=persist, width=speculator.control.width)
         for _ in generate(m, tokenizer, ids, n_gen, Sampler(temp=0.0), (), stats, speculator):
             pass
         if speculator is not None:

@@ -8,14 +8,15 @@ per position, so it follows the text; a position with little evidence leans on t
 it, so after drafts 1..j keep being accepted the choice reaches for j + 1). a_1 starts from what
 the draft measured on its own suite where it knows (`expect`), else 0.5: the shipped DFlash
 draft (a_1 0.25) then starts plain on lavapipe instead of drafting 3 steps to learn it.
-c_draft(k): seconds of a proposal of up to k tokens (learned per k; unseen k interpolated, 0
-before the first).
+c_draft(k): seconds of a proposal of up to k tokens (the median of the recent ones per k;
+unseen k interpolated, 0 before the first).
 c_verify(n): seconds of an n-row target pass, priced at the batch width it computes (lavapipe's
 matmuls run 8-row slots: 9 rows cost what 16 do). It starts from the cached curve (the prior)
-and learns from every timed verify pass: a width seen live costs what it measured; the others
-keep the prior's shape, scaled by how live passes compare with it (a curve cached while the
-machine was busy once made 16 rows look 2.6x dearer than they were, so ngram drafted ~1 token
-a step at 1.6x instead of ~9 at 2.6x). The prior's shape can be wrong too, so after a step
+and learns from every timed verify pass: a width timed a few times costs the median of its
+recent passes; the others keep the prior's shape, scaled by how live passes compare with it (a
+curve cached while the machine was busy once made 16 rows look 2.6x dearer than they were, so
+ngram drafted ~1 token a step at 1.6x instead of ~9 at 2.6x). The prior's shape can be wrong
+too, so after a step
 whose drafts were all accepted it tries a length of 2k + 1 whose cost it has not seen. What it
 learned of the widths it timed often goes back to the cache when the run ends (`persist`).
 
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 
-DECAY = 0.9        # weight of the past in the acceptance counts and timing averages, per update
+DECAY = 0.9        # weight of the past in the acceptance counts and the scale, per update
 PRIOR = 2.0        # pseudo-counts behind a_j's prior: a_{j-1} (for a_1: the draft's record, or 0.5)
 MAX_PROBE_WAIT = 128
 STOP_STEPS = 16    # timed steps before judging whether the strategy pays
@@ -54,7 +55,10 @@ STOP_DRAFTS = 4    # ... nor when none of this many drafts was accepted (at leas
 STOP_CHANCE = 0.02  # ... where a draft with the a_1 prior gets none of them accepted this rarely
 UPKEEP_SHARE = 0.01  # ... nor when no k pays and keeping its state costs more than this share of a step
 MAX_SCALE_STEP = float(np.log(4.0))  # most one pass can pull the prior's scale (times its weight)
-PERSIST_PASSES = 8  # live passes of a width before the cache learns its cost (one is noise)
+SHAPE_PASSES = 3    # recent passes of a width before their median prices it (before: the scaled prior)
+KEEP_PASSES = 15    # timings kept per width (and per draft length)
+WINDOW = 32         # passes a timing counts as recent: widths are priced from one spell of the machine
+PERSIST_PASSES = 8  # passes of a width before the cache learns its cost (one is noise)
 
 
 class DraftController:
@@ -66,12 +70,11 @@ class DraftController:
         self.k_max, self.fixed, self.probe_every, self.persist = int(k_max), fixed, probe_every, persist
         self.width = width or (lambda rows: rows)
         self.prior = {int(n): float(s) for n, s in verify_seconds.items()}
-        self.live: dict[int, float] = {}  # decayed mean of timed passes per row count
-        self.passes: dict[int, int] = {}  # timed passes per row count
+        self.timed: dict[int, list[tuple[int, float]]] = {}  # (pass number, seconds) per width
         self.log_scale, self.scaled = 0.0, 0  # live / prior, in logs; passes behind it
         self.verify = self._curve()
         self.full = 0       # drafts of the last step when all were accepted, else 0
-        self.draft: dict[int, float] = {}
+        self.draft: dict[int, list[float]] = {}  # recent proposal seconds per k
         self.counts = np.zeros((self.k_max, 2))  # decayed (accepted, rejected) per draft position
         self.run_counts = np.zeros((self.k_max, 2))  # the same, undecayed: what the stop rule judges by
         self.first_prior = 0.5
@@ -95,20 +98,45 @@ class DraftController:
             out[j] = prior = (acc + PRIOR * prior) / (acc + rej + PRIOR)
         return out
 
-    def _curve(self) -> dict[int, float]:
-        """Verify seconds per row count: live where seen, the scaled prior elsewhere, and fewer
-        rows never cost more (a stale, noisy 1-row figure above a live 2-row one would make
-        drafting look free; seen on lavapipe: k = 1 on every step, 0.55-0.63x plain)."""
-        scale = float(np.exp(self.log_scale))
-        table = {n: s * scale for n, s in self.prior.items()}
-        table.update(self.live)
+    def _curve(self, min_passes: int = SHAPE_PASSES) -> dict[int, float]:
+        """Verify seconds per row count: a width timed `min_passes` times or more costs the median
+        of its recent passes, the others the prior scaled as the priced widths near it; fewer
+        rows never cost more (a stale, noisy 1-row figure above a 2-row one would make drafting
+        look free; seen on lavapipe: k = 1 on every step, 0.55-0.63x plain). A pass or two do not
+        price a width: this VM's identical 1-row passes range 28-52 ms within a second, and the
+        MTP head's first two 2-row passes, at 48 and 53 ms (1.4x the 1-row passes then, 1.1x in
+        rounds), switched it off."""
+        priced = {n: float(np.median(t)) for n, t in self._recent().items() if len(t) >= min_passes}
+        table = {n: s * np.exp(self._log_scale_at(n, priced)) for n, s in self.prior.items()}
+        table.update(priced)
         return _monotone(table)
+
+    def _log_scale_at(self, n: int, priced: dict) -> float:
+        """log(live / prior) at width n: interpolated (in log rows) between the nearest priced
+        widths, so an unpriced 2-row pass keeps the prior's ratio to the 1-row one the run timed;
+        before any width is priced, the scale of all passes so far."""
+        if not priced:
+            return self.log_scale
+        xs = sorted(priced)
+        return float(np.interp(np.log2(n), np.log2(xs), [np.log(priced[x] / _interp(self.prior, x)) for x in xs]))
+
+    def _recent(self) -> dict[int, list[float]]:
+        """Seconds of each width's passes among the last WINDOW: from one spell of the machine,
+        so the priced widths compare as if timed side by side."""
+        return {n: [s for i, s in t if i > self.scaled - WINDOW] for n, t in self.timed.items()}
+
+    @property
+    def live(self) -> dict[int, float]:
+        """The widths priced by their own passes, at that price."""
+        return {n: self.verify[n] for n, t in self._recent().items() if len(t) >= SHAPE_PASSES}
 
     def c_verify(self, n: int) -> float:
         return _interp(self.verify, self.width(n))
 
     def c_draft(self, k: int) -> float:
-        return _interp(self.draft, k) if k and self.draft else 0.0
+        if not k or not self.draft:
+            return 0.0
+        return _interp({j: float(np.median(t)) for j, t in self.draft.items()}, k)
 
     def rates(self, limit: int, counts=None) -> list[float]:
         """Committed tokens per second with k = 0..limit drafts."""
@@ -216,11 +244,10 @@ class DraftController:
             self.scaled += 1
             step = float(np.clip(ratio - self.log_scale, -MAX_SCALE_STEP, MAX_SCALE_STEP))
             self.log_scale += step * max(1 - DECAY, 1 / self.scaled)
-            self.live[rows] = _ema(self.live.get(rows), verify_seconds)
-            self.passes[rows] = self.passes.get(rows, 0) + 1
+            self.timed[rows] = (self.timed.get(rows, []) + [(self.scaled, float(verify_seconds))])[-KEEP_PASSES:]
             self.verify = self._curve()
         if k and draft_seconds is not None:
-            self.draft[k] = _ema(self.draft.get(k), draft_seconds)
+            self.draft[k] = (self.draft.get(k, []) + [float(draft_seconds)])[-KEEP_PASSES:]
         self.full = drafted if drafted and accepted == drafted else 0
         self.total += (drafted, accepted)
         if self.probing:
@@ -234,17 +261,13 @@ class DraftController:
                     counts[accepted, 1] += 1
 
     def finish(self) -> None:
-        """Hand the learned curve to `persist`: the widths timed PERSIST_PASSES times or more as
-        timed, the others at the prior's shape scaled as those compare with it. A width timed once
-        or twice is noise (bench spec's warm-up sweep times each once): cached, a 2-row figure 1.3x
-        one row where rounds measure 1.1x made the next runs switch the MTP head off."""
-        known = {n: s for n, s in self.live.items() if self.passes.get(n, 0) >= PERSIST_PASSES}
-        if self.persist is None or not known:
-            return
-        scale = float(np.exp(np.mean([np.log(s / _interp(self.prior, n)) for n, s in known.items()])))
-        table = {n: s * scale for n, s in self.prior.items()}
-        table.update(known)
-        self.persist(_monotone(table))
+        """Hand the learned curve to `persist`: the widths timed PERSIST_PASSES times or more in
+        the last WINDOW passes as timed, the others at the prior's shape scaled as those compare
+        with it. A width timed once or twice is noise (bench spec's warm-up sweep times each
+        once), and widths timed in different spells do not compare: cached that way, a 2-row
+        figure 1.27x one row where rounds measure 1.02-1.04x switched the MTP head off."""
+        if self.persist is not None and max(map(len, self._recent().values()), default=0) >= PERSIST_PASSES:
+            self.persist(self._curve(PERSIST_PASSES))
 
     def summary(self) -> dict:
         """Mean chosen k and why: the expected rate of the mean choice next to plain decoding's."""
@@ -264,9 +287,6 @@ def _monotone(table: dict) -> dict:
         low = out[n] = min(table[n], low)
     return dict(sorted(out.items()))
 
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else DECAY * old + (1 - DECAY) * new
 
 
 def _interp(table: dict, x: int) -> float:
