@@ -12,13 +12,13 @@ c_draft(k): seconds of a proposal of up to k tokens (the median of the recent on
 unseen k interpolated, 0 before the first).
 c_verify(n): seconds of an n-row target pass, priced at the batch width it computes (lavapipe's
 matmuls run 8-row slots: 9 rows cost what 16 do). It starts from the cached curve (the prior)
-and learns from every timed verify pass: a width timed a few times costs the median of its
-recent passes; the others keep the prior's shape, scaled by how live passes compare with it (a
+and learns from every timed verify pass: a width timed a few times lately costs the median of
+those passes; the others keep the prior's shape, scaled as the priced widths nearest them (a
 curve cached while the machine was busy once made 16 rows look 2.6x dearer than they were, so
 ngram drafted ~1 token a step at 1.6x instead of ~9 at 2.6x). The prior's shape can be wrong
-too, so after a step
-whose drafts were all accepted it tries a length of 2k + 1 whose cost it has not seen. What it
-learned of the widths it timed often goes back to the cache when the run ends (`persist`).
+too, so after a step whose drafts were all accepted it tries a length of 2k + 1 it has not
+priced. What it learned of the widths it timed often goes back to the cache when the run ends
+(`persist`).
 
 A length whose first pass must compile kernels first (setup: lavapipe takes ~1.6 s for a new
 batch width, more than a 128-token run saves) counts its setup against the time to generate
@@ -104,8 +104,8 @@ class DraftController:
         rows never cost more (a stale, noisy 1-row figure above a 2-row one would make drafting
         look free; seen on lavapipe: k = 1 on every step, 0.55-0.63x plain). A pass or two do not
         price a width: this VM's identical 1-row passes range 28-52 ms within a second, and the
-        MTP head's first two 2-row passes, at 48 and 53 ms (1.4x the 1-row passes then, 1.1x in
-        rounds), switched it off."""
+        MTP head's first two 2-row passes, at 48 and 53 ms (1.4x the 1-row passes then, 1.02-1.04x
+        in rounds), switched it off."""
         priced = {n: float(np.median(t)) for n, t in self._recent().items() if len(t) >= min_passes}
         table = {n: s * np.exp(self._log_scale_at(n, priced)) for n, s in self.prior.items()}
         table.update(priced)
@@ -286,7 +286,6 @@ def _monotone(table: dict) -> dict:
     for n in sorted(table, reverse=True):
         low = out[n] = min(table[n], low)
     return dict(sorted(out.items()))
-
 
 
 def _interp(table: dict, x: int) -> float:
