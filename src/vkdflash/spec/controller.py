@@ -215,8 +215,10 @@ class DraftController:
             def affordable(j: int) -> bool:  # no dearer than its pass, or small next to what is left
                 return setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * room * self.c_verify(1))
 
+            # plain decoding's own pass is compiled sooner or later whatever this step drafts: in a
+            # cold process pricing it here made the first step draft (a 2-row compile, ~1.6 s)
             rates = self.rates(limit)
-            k = min(range(limit + 1), key=lambda j: room / rates[j] + setup(j + 1))
+            k = min(range(limit + 1), key=lambda j: room / rates[j] + (setup(j + 1) if j else 0.0))
             self.held += k < int(np.argmax(rates))
             reach = min(limit, 2 * self.full + 1)
             if self.full and reach > k and self.width(reach + 1) not in self.live and affordable(reach):
