@@ -44,6 +44,9 @@ nothing accepted doubles the wait (up to MAX_PROBE_WAIT), so a draft that is nev
 next to nothing."""
 from __future__ import annotations
 
+import math
+from statistics import median
+
 import numpy as np
 
 DECAY = 0.9        # weight of the past in the acceptance counts and the scale, per update
@@ -75,6 +78,7 @@ class DraftController:
         self.verify = self._curve()
         self.full = 0       # drafts of the last step when all were accepted, else 0
         self.draft: dict[int, list[float]] = {}  # recent proposal seconds per k
+        self.draft_cost: dict[int, float] = {}  # their medians (rates() prices every k each step)
         self.counts = np.zeros((self.k_max, 2))  # decayed (accepted, rejected) per draft position
         self.run_counts = np.zeros((self.k_max, 2))  # the same, undecayed: what the stop rule judges by
         self.first_prior = 0.5
@@ -106,19 +110,15 @@ class DraftController:
         price a width: this VM's identical 1-row passes range 28-52 ms within a second, and the
         MTP head's first two 2-row passes, at 48 and 53 ms (1.4x the 1-row passes then, 1.02-1.04x
         in rounds), switched it off."""
-        priced = {n: float(np.median(t)) for n, t in self._recent().items() if len(t) >= min_passes}
-        table = {n: s * np.exp(self._log_scale_at(n, priced)) for n, s in self.prior.items()}
+        priced = {n: median(t) for n, t in self._recent().items() if len(t) >= min_passes}
+        # log(live / prior) between the priced widths (in log rows), so an unpriced 2-row pass keeps
+        # the prior's ratio to the 1-row one the run timed; before any is priced, all passes' scale
+        xs = sorted(priced)
+        logs = [math.log(priced[x] / _interp(self.prior, x)) for x in xs]
+        table = {n: s * math.exp(float(np.interp(math.log2(n), [math.log2(x) for x in xs], logs)) if xs
+                                 else self.log_scale) for n, s in self.prior.items()}
         table.update(priced)
         return _monotone(table)
-
-    def _log_scale_at(self, n: int, priced: dict) -> float:
-        """log(live / prior) at width n: interpolated (in log rows) between the nearest priced
-        widths, so an unpriced 2-row pass keeps the prior's ratio to the 1-row one the run timed;
-        before any width is priced, the scale of all passes so far."""
-        if not priced:
-            return self.log_scale
-        xs = sorted(priced)
-        return float(np.interp(np.log2(n), np.log2(xs), [np.log(priced[x] / _interp(self.prior, x)) for x in xs]))
 
     def _recent(self) -> dict[int, list[float]]:
         """Seconds of each width's passes among the last WINDOW: from one spell of the machine,
@@ -134,9 +134,7 @@ class DraftController:
         return _interp(self.verify, self.width(n))
 
     def c_draft(self, k: int) -> float:
-        if not k or not self.draft:
-            return 0.0
-        return _interp({j: float(np.median(t)) for j, t in self.draft.items()}, k)
+        return _interp(self.draft_cost, k) if k and self.draft_cost else 0.0
 
     def rates(self, limit: int, counts=None) -> list[float]:
         """Committed tokens per second with k = 0..limit drafts."""
@@ -250,6 +248,7 @@ class DraftController:
             self.verify = self._curve()
         if k and draft_seconds is not None:
             self.draft[k] = (self.draft.get(k, []) + [float(draft_seconds)])[-KEEP_PASSES:]
+            self.draft_cost[k] = median(self.draft[k])
         self.full = drafted if drafted and accepted == drafted else 0
         self.total += (drafted, accepted)
         if self.probing:
