@@ -247,9 +247,10 @@ def test_watchdog_warns_once_when_acceptance_falls_far_below_the_record(target, 
 
 
 def test_the_model_says_what_a_first_pass_of_a_size_costs_beyond_running_it(target):
-    """0 once recorded; recording only where a pass of the same kernels (family: batch width)
-    exists; else the cost of the last family that had to compile (the controller weighs it
-    against what is left to run)."""
+    """0 once recorded; recording only where a pass of the same kernels (family: batch width and
+    whether every row's logits are kept) exists; else compiling: as the cheapest family compile
+    where one of its batch width exists (its matmuls are shared), else the dearest (the
+    controller weighs it against what is left to run)."""
     shared, _ = target
     model = Model(shared.ctx, shared.mf, n_ctx=128)
     try:
@@ -258,8 +259,11 @@ def test_the_model_says_what_a_first_pass_of_a_size_costs_beyond_running_it(targ
         assert model.setup_seconds(2, True) == model.first_record[model._family(3, False)] > 0
         model.forward([1, 2], all_logits=True)
         assert model.setup_seconds(2, True) == 0.0
-        assert model._family(3, True) != model._family(2, True)
-        assert model.setup_seconds(3, True) == model.first_record[model._family(2, True)]
+        assert model._family(3, True) != model._family(2, True) and model._family(3, True)[0] == model._family(3, False)[0]
+        model.first_record[model._family(3, False)] = 5.0  # the costs, set apart
+        model.first_record[model._family(2, True)] = 1.0
+        assert model.setup_seconds(3, True) == 1.0  # the 3-row family's width was recorded: the cheapest
+        assert model.setup_seconds(9, True) == 5.0  # a new width: the dearest
         model.reset()
         model.forward([1, 2, 3, 4, 5], all_logits=True)
         model.reset()

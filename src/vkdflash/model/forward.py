@@ -155,13 +155,21 @@ class Model:
 
     def setup_seconds(self, n: int, all_logits: bool = False, capture=(), greedy: bool = False) -> float:
         """What a first n-row pass costs beyond running it: 0 once recorded; recording alone where a
-        pass of its family (the same kernels) was recorded; else compiling them too (lavapipe:
-        0.2-0.4 s a kernel, ~1.6 s for a new batch width), as the last new family cost."""
+        pass of its family (the same kernels) was recorded; else compiling too (lavapipe: 0.2-0.4 s
+        a kernel): as the cheapest family compile where a family of its batch width was recorded
+        (the matmuls are shared), else as the dearest. Cold lavapipe, one process: a 7-token
+        prompt 2.1 s, then 1 row 0.9 s, 2 rows 2.4 s, 4 rows 2.5 s, 16 rows (the prompt's width)
+        0.95 s; priced as the last family's, 2 rows looked like 0.9 s and a cold 128-token
+        `generate --spec mtp` drafted into that compile."""
         if self.recorded(n, all_logits, capture, greedy):
             return 0.0
-        if self._family(n, all_logits) in self.first_record:
+        family = self._family(n, all_logits)
+        if family in self.first_record:
             return float(np.median(self.graph_seconds)) if self.graph_seconds else 0.0
-        return list(self.first_record.values())[-1] if self.first_record else 0.0
+        if not self.first_record:
+            return 0.0
+        same_width = any(f[0] == family[0] for f in self.first_record)
+        return (min if same_width else max)(self.first_record.values())
 
     def pass_width(self, n: int) -> int:
         """Rows an n-row pass computes: matmuls run whole slots of nj_for(n) rows, so its cost is
