@@ -111,12 +111,16 @@ class DraftController:
         MTP head's first two 2-row passes, at 48 and 53 ms (1.4x the 1-row passes then, 1.02-1.04x
         in rounds), switched it off."""
         priced = {n: median(t) for n, t in self._recent().items() if len(t) >= min_passes}
-        # log(live / prior) between the priced widths (in log rows), so an unpriced 2-row pass keeps
-        # the prior's ratio to the 1-row one the run timed; before any is priced, all passes' scale
         xs = sorted(priced)
-        logs = [math.log(priced[x] / _interp(self.prior, x)) for x in xs]
-        table = {n: s * math.exp(float(np.interp(math.log2(n), [math.log2(x) for x in xs], logs)) if xs
-                                 else self.log_scale) for n, s in self.prior.items()}
+        log_x, logs = [math.log2(x) for x in xs], [math.log(priced[x] / _interp(self.prior, x)) for x in xs]
+
+        def log_scale(n: int) -> float:
+            """log(live / prior) at n: between the priced widths (in log rows), so an unpriced 2-row
+            pass keeps the prior's ratio to the 1-row one the run timed; before any is priced, the
+            running scale of all passes."""
+            return float(np.interp(math.log2(n), log_x, logs)) if xs else self.log_scale
+
+        table = {n: s * math.exp(log_scale(n)) for n, s in self.prior.items()}
         table.update(priced)
         return _monotone(table)
 
