@@ -104,6 +104,14 @@ def test_bench_spec_needs_a_strategy_and_runs_one(model):
     assert report["none_tps"] > 0 and report["spec_tps"] > 0 and report["identical_output"]
     # alternating runs: the speedup is the median pair's
     assert report["reps"] == 3 and sorted(report["speedups"])[1] == report["speedup"]
+    res = run("bench", "spec", "-m", model, "-n", "6", "-c", "128", "--spec", "ngram", "--temp", "0.7", "-s", "3",
+              "--reps", "2")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)  # sampled: speeds and the speculative run's figures, texts not compared
+    assert report["temp"] == 0.7 and report["identical_output"] is None and report["spec_tps"] > 0
+    assert report["spec"]["strategy"] == "ngram"
+    res = run("bench", "spec", "-m", model, "--suite", "default", "--temp", "0.7")
+    assert res.exit_code == 2 and "--suite-temps" in res.output
     res = run("bench", "spec", "-m", model, "-n", "1", "-c", "128", "--spec", "ngram")  # no decode step to time
     lines = res.output.strip().splitlines()
     assert res.exit_code == 1 and len(lines) == 1 and "no decoding to compare" in lines[0], res.output

@@ -152,16 +152,20 @@ SPEC_PROMPT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return f
                "def factorial(n):\n")
 
 
-def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator, reps: int = 1) -> dict:
-    """Greedy generation without and with speculation, side by side; outputs must be identical.
-    With reps > 1 the two alternate `reps` times and the figures are medians: a shared VM's speed
-    drifts by 10% between runs seconds apart, which one pair of runs reports as a speedup."""
+def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator, reps: int = 1, temp: float = 0.0,
+         seed: int = 0) -> dict:
+    """Generation without and with speculation, side by side; greedy outputs must be identical
+    (at temp > 0 each pair samples with seed + its index, and speculative sampling keeps only
+    the distribution, so the texts are not compared). With reps > 1 the two alternate `reps`
+    times and the figures are medians: a shared VM's speed drifts by 10% between runs seconds
+    apart, which one pair of runs reports as a speedup."""
     from .generate import Stats, generate
     from .sampling import Sampler
     from .spec import SpecStats
     ids = tokenizer.encode(prompt or SPEC_PROMPT, add_special=True)
+    greedy = temp <= 0
 
-    def run(label: str) -> dict:
+    def run(label: str, pair: int = 0) -> dict:
         stats, spec_stats = Stats(), SpecStats()
         speculator = make_speculator(spec_stats) if label != "none" else None
         if label == "warmup":
@@ -171,11 +175,11 @@ def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator, reps: in
             k_max = speculator.ctx.options.draft_max
             for n in range(1, min(k_max, m.cache.n_ctx - len(ids)) + 2):
                 m.reset()
-                m.forward([ids[0]] * n, all_logits=n > 1, capture=speculator.capture, greedy=True)
+                m.forward([ids[0]] * n, all_logits=n > 1, capture=speculator.capture, greedy=greedy)
             m.reset()
             persist = getattr(speculator.control, "persist", None)
             speculator.control = Sweep(k_max, speculator.control.prior, persist=persist, width=speculator.control.width)
-        for _ in generate(m, tokenizer, ids, n_gen, Sampler(temp=0.0), (), stats, speculator):
+        for _ in generate(m, tokenizer, ids, n_gen, Sampler(temp=temp, seed=seed + pair), (), stats, speculator):
             pass
         if speculator is not None:
             speculator.close()
@@ -184,17 +188,17 @@ def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator, reps: in
                 "stats": spec_stats.as_dict() if speculator is not None else None}
 
     run("warmup")
-    pairs = [(run("none"), run("spec")) for _ in range(reps)]
+    pairs = [(run("none", i), run("spec", i)) for i in range(reps)]
     if not pairs[0][0]["decode_tps"]:
-        raise VkdflashError(f"the prompt's greedy continuation stops after {len(pairs[0][0]['tokens'])} token(s), "
+        raise VkdflashError(f"the prompt's continuation stops after {len(pairs[0][0]['tokens'])} token(s), "
                             "so there is no decoding to compare: give a prompt that runs on")
     speedups = [sp["decode_tps"] / none["decode_tps"] for none, sp in pairs]
     middle = pairs[int(np.argsort(speedups)[len(speedups) // 2])]  # the median pair's own figures
     return {"device": m.ctx.features.name, "model": m.hp.arch, "n_gen": n_gen, "prompt_tokens": len(ids),
-            "reps": reps, "none_tps": float(np.median([none["decode_tps"] for none, _ in pairs])),
+            "reps": reps, "temp": temp, "none_tps": float(np.median([none["decode_tps"] for none, _ in pairs])),
             "spec_tps": float(np.median([sp["decode_tps"] for _, sp in pairs])),
             "speedup": float(np.median(speedups)), "speedups": speedups,
-            "identical_output": all(none["tokens"] == sp["tokens"] for none, sp in pairs),
+            "identical_output": all(none["tokens"] == sp["tokens"] for none, sp in pairs) if greedy else None,
             "spec": middle[1]["stats"]}
 
 

@@ -87,13 +87,19 @@ def bench_model(n_prompt, n_gen, json_path, with_profile, with_curve, model_path
               help="Use the first N prompts (code, chat and story in turn).")
 @click.option("--reps", default=3, show_default=True, type=click.IntRange(1, 100),
               help="Alternate plain and speculative runs this many times and report the medians.")
+@click.option("--temp", default=0.0, show_default=True, type=click.FloatRange(0.0, 100.0),
+              help="Sample at this temperature (0: greedy, the outputs compared); not with --suite.")
+@click.option("-s", "--seed", default=0, show_default=True, type=int,
+              help="RNG seed of the sampled runs (each pair: seed + its index).")
 @model_options
 @spec_options
-def bench_spec(prompt, n_gen, json_path, reps, suite, suite_runs, suite_cache_types, suite_temps, suite_prompts,
+def bench_spec(prompt, n_gen, json_path, reps, temp, seed, suite, suite_runs, suite_cache_types, suite_temps, suite_prompts,
                model_path, n_ctx, ctk, ctv, no_kv_rotation, device, spec_request) -> None:
-    """Greedy tok/s with a strategy next to --spec none in the same run, and the speedup."""
+    """Tok/s with a strategy next to --spec none in the same run, and the speedup (greedy unless --temp)."""
     from .bench import spec as bench_run
     if suite:
+        if temp:
+            raise click.UsageError("--temp is for one strategy's run; the suite's temperatures are --suite-temps")
         from .bench_suite import parse_runs, run_suite
         runs = parse_runs(suite_runs, suite_cache_types, suite_temps)
         model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
@@ -108,5 +114,5 @@ def bench_spec(prompt, n_gen, json_path, reps, suite, suite_runs, suite_cache_ty
                                "(e.g. --spec ngram) or give -md DRAFT.gguf")
     model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
     make = lambda stats: build_speculator(model, spec_request, name, not no_kv_rotation, stats)  # noqa: E731
-    report = bench_run(model, tok, prompt, n_gen, make, reps)
+    report = bench_run(model, tok, prompt, n_gen, make, reps, temp, seed)
     emit_json(report, json_path)
