@@ -146,10 +146,12 @@ def generate(target, prompts, n_new: int, capture, batch: int, seed: int, eog=fr
 
 
 def _pick(logits, temp, g):
-    greedy = logits.argmax(-1)
-    probs = torch.softmax(logits / temp.clamp(min=1e-3)[:, None], -1)
-    sampled = torch.multinomial(probs, 1, generator=g)[:, 0]
-    return torch.where(temp > 0, sampled, greedy)
+    out = logits.argmax(-1)
+    hot = (temp > 0).nonzero()[:, 0]
+    if len(hot):
+        probs = torch.softmax(logits[hot] / temp[hot, None], -1)
+        out[hot] = torch.multinomial(probs, 1, generator=g)[:, 0]
+    return out
 
 
 def load_text_tools(model_path):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from target import attend, rms_norm, rope
+from target import DraftVocab, attend, rms_norm, rope
 
 GAMMA = {16: 7.0, 8: 4.0}
 OUT_SCALE = 0.1  # the copied block's output projections, scaled: at 1 the untrained block swamps the
@@ -45,7 +45,7 @@ class Layer(nn.Module):
 
 
 class Draft(nn.Module):
-    def __init__(self, target, layers, n_layer: int = 1, block: int = 8, mask_token: int = 0):
+    def __init__(self, target, layers, n_layer: int = 1, block: int = 8, mask_token: int = 0, vocab=None):
         super().__init__()
         hp, d = target.hp, target.hp.n_embd
         self.hp, self.target_layers, self.block, self.mask_token = hp, tuple(layers), block, mask_token
@@ -55,14 +55,14 @@ class Draft(nn.Module):
         self.enc_norm = nn.Parameter(target.w[f"blk.{hp.n_layer - 1}.attn_norm.weight"].clone())
         self.layers = nn.ModuleList(Layer(target, hp.n_layer - n_layer + i) for i in range(n_layer))
         self.out_norm = nn.Parameter(target.w["output_norm.weight"].clone())
-        self.embd, self.head = target.w["token_embd.weight"], target.w["output.weight"]
-        self.teacher = target.lm_head  # the target's logits from its final state
+        self.embd = target.w["token_embd.weight"]
+        self.vocab = DraftVocab(target, vocab)  # logits over these tokens (row i: vocab.tokens[i])
 
     def _heads(self, x, n):
         return x.view(x.shape[0], x.shape[1], n, self.hp.head_dim).transpose(1, 2)
 
     def forward(self, feats, tokens, anchors):
-        """feats [S, Lf, K*d] (f32), tokens [S, L], anchors [S, A] -> logits [S, A, B-1, vocab]."""
+        """feats [S, Lf, K*d] (f32), tokens [S, L], anchors [S, A] -> logits [S, A, B-1, len(vocab.tokens)]."""
         hp, B = self.hp, self.block
         S, Lf, _ = feats.shape
         A = anchors.shape[1]
@@ -87,7 +87,7 @@ class Draft(nn.Module):
             h = rms_norm(x, L.ffn_norm, hp.rms_eps)
             x = x + (F.silu(h @ L.gate.T) * (h @ L.up.T)) @ L.down.T
         rows = x.view(S, A, B, -1)[:, :, 1:]
-        return rms_norm(rows, self.out_norm, hp.rms_eps) @ self.head.T
+        return rms_norm(rows, self.out_norm, hp.rms_eps) @ self.vocab.head.T
 
     def loss(self, feats, tokens, anchors, last=None):
         """Position-weighted cross-entropy and per-position top-1 accuracy [B-1]. last [S, Lf, d]:
@@ -96,14 +96,14 @@ class Draft(nn.Module):
         logits = self.forward(feats, tokens, anchors)
         at = (anchors[:, :, None] + torch.arange(1, B)).flatten(1)  # label positions
         if last is None:
-            labels = torch.gather(tokens, 1, at).view(anchors.shape + (B - 1,))
-            ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
+            labels = self.vocab.row[torch.gather(tokens, 1, at)].view(anchors.shape + (B - 1,))
+            ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), reduction="none").view(labels.shape)
         else:
             state = torch.gather(last, 1, (at - 1)[:, :, None].expand(-1, -1, last.shape[2]))
             with torch.no_grad():
-                p = F.softmax(self.teacher(state), -1)
+                p = self.vocab.teacher(state).float()
             p = p.view(logits.shape)
-            ce = -(p * F.log_softmax(logits, -1)).sum(-1)
+            ce = -(p * F.log_softmax(logits.float(), -1)).sum(-1)
             labels = p.argmax(-1)
         wts = torch.exp(-torch.arange(B - 1, dtype=torch.float32) / GAMMA.get(B, B / 2))
         acc = (logits.argmax(-1) == labels).float().mean((0, 1))

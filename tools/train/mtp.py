@@ -19,13 +19,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash import OUT_SCALE
-from target import attend, rms_norm, rope
+from target import DraftVocab, attend, rms_norm, rope
 
 DEPTH2_WEIGHT = 0.5
 
 
 class Head(nn.Module):
-    def __init__(self, target):
+    def __init__(self, target, vocab=None):
         super().__init__()
         hp, w, d = target.hp, target.w, target.hp.n_embd
         b = f"blk.{hp.n_layer - 1}."
@@ -38,8 +38,8 @@ class Head(nn.Module):
         self.eh_proj = p(torch.cat([torch.eye(d), torch.eye(d)], 1))
         self.enorm, self.hnorm = p(torch.ones(d)), p(torch.ones(d))
         self.shared_head_norm = p(w["output_norm.weight"])
-        self.embd, self.head = target.w["token_embd.weight"], target.w["output.weight"]
-        self.teacher = target.lm_head  # the target's logits from its final state
+        self.embd = target.w["token_embd.weight"]
+        self.vocab = DraftVocab(target, vocab)  # logits over these tokens (row i: vocab.tokens[i])
 
     def fuse(self, h, tokens):
         e = self.embd[tokens]
@@ -78,16 +78,16 @@ class Head(nn.Module):
         for depth, y in ((1, y1), (2, y2)):
             ok = valid[:, depth + 1:T + depth + 1].reshape(-1).nonzero()[:, 0]
             pick = ok[torch.from_numpy(rng.choice(len(ok), size=min(rows, len(ok)), replace=False))]
-            logits = rms_norm(y.reshape(S * T, -1)[pick], self.shared_head_norm, self.hp.rms_eps) @ self.head.T
+            logits = rms_norm(y.reshape(S * T, -1)[pick], self.shared_head_norm, self.hp.rms_eps) @ self.vocab.head.T
             if teacher:  # state i + depth predicts the token at i + depth + 1, this row's label
                 ahead = torch.cat([h[:, depth:], h[:, :depth]], 1).reshape(S * T, -1)[pick]
                 with torch.no_grad():
-                    p = F.softmax(self.teacher(ahead), -1)
-                losses.append(-(p * F.log_softmax(logits, -1)).sum(-1).mean())
+                    p = self.vocab.teacher(ahead).float()
+                losses.append(-(p * F.log_softmax(logits.float(), -1)).sum(-1).mean())
                 labels = p.argmax(-1)
             else:
-                labels = tokens[:, depth + 1:T + depth + 1].reshape(-1)[pick]
-                losses.append(F.cross_entropy(logits, labels))
+                labels = self.vocab.row[tokens[:, depth + 1:T + depth + 1].reshape(-1)[pick]]
+                losses.append(F.cross_entropy(logits.float(), labels))
             accs.append((logits.argmax(-1) == labels).float().mean())
         return losses[0] + DEPTH2_WEIGHT * losses[1], torch.stack(accs)
 

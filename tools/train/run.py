@@ -43,11 +43,14 @@ def resolve(model_path):
 @click.group()
 @click.option("--threads", default=2, show_default=True, help="torch CPU threads")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--bf16/--f32", default=False, show_default=True,
+              help="bf16 matmuls (AMX / AVX512-BF16 CPUs run them ~10x faster): the trainers autocast (weights, "
+                   "optimizer and loss stay f32); data runs the target's matrices in bf16")
 @click.pass_context
-def cli(ctx, threads, seed):
+def cli(ctx, threads, seed, bf16):
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    ctx.obj = {"seed": seed}
+    ctx.obj = {"seed": seed, "bf16": bf16}
 
 
 @cli.command()
@@ -60,7 +63,7 @@ def cli(ctx, threads, seed):
 def data(ctx, model_path, out, prompts, n_new, batch):
     """The target's continuations of a prompt mix, with its layer inputs at every position."""
     path = resolve(model_path)
-    target = Target(path)
+    target = Target(path, torch.bfloat16 if ctx.obj["bf16"] else torch.float32)
     tok, template = load_text_tools(path)
     mix = prompt_mix(prompts, tok, template, ctx.obj["seed"])
     capture = DFLASH_LAYERS + (target.hp.n_layer,)
@@ -76,8 +79,10 @@ def data(ctx, model_path, out, prompts, n_new, batch):
     click.echo(f"{len(tokens)} sequences, {lengths.sum()} tokens -> {out}")
 
 
-def train_loop(model, batches, steps: int, lr: float, desc: str):
+def train_loop(model, batches, steps: int, lr: float, desc: str, bf16: bool = False):
     """AdamW with warmup + cosine; batches(step) -> loss, per-position accuracy. Progress via tqdm."""
+    from contextlib import nullcontext
+
     from tqdm import tqdm
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
@@ -86,7 +91,9 @@ def train_loop(model, batches, steps: int, lr: float, desc: str):
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr)
-        loss, acc = batches(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
+            loss, acc = batches(step)
+        loss = loss.float()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -99,6 +106,16 @@ def train_loop(model, batches, steps: int, lr: float, desc: str):
 def data_option(f):
     return click.option("--data", "data_dirs", type=click.Path(exists=True, file_okay=False), required=True,
                         multiple=True, help="`data` output (repeatable: runs with different seeds)")(f)
+
+
+def vocab_option(f):
+    return click.option("--vocab", "n_vocab", default=8192, show_default=True,
+                        help="logits over the data's N most frequent tokens, the rows the engine computes for a "
+                             "draft (--spec-opt NAME.vocab, run.py vocab); 0: every token")(f)
+
+
+def draft_tokens(ds, n_vocab: int):
+    return ds.ranked_tokens()[:n_vocab] if n_vocab else None
 
 
 def init_option(f):
@@ -122,8 +139,9 @@ def index_model(data_dirs) -> str:
 @click.option("--lr", default=3e-4, show_default=True)
 @click.option("--teacher/--tokens", default=False, show_default=True,
               help="learn the target's own distribution for each token (its LM head on its state), or the data's tokens")
+@vocab_option
 @click.pass_context
-def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr, teacher):
+def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr, teacher, n_vocab):
     """Train a DFlash draft on `data` output and write it as a llama.cpp-format GGUF."""
     from data import Dataset
     from dflash import Draft, parameters, sample_batch, tensors
@@ -132,7 +150,7 @@ def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr, 
     path = index_model(data_dirs)
     target = Target(path)
     ds = Dataset(data_dirs, DFLASH_LAYERS + ((target.hp.n_layer,) if teacher else ()))
-    model = Draft(target, DFLASH_LAYERS, n_layer, block)
+    model = Draft(target, DFLASH_LAYERS, n_layer, block, vocab=draft_tokens(ds, n_vocab))
     if init:
         restore(parameters(model), init)
     rng = np.random.default_rng(ctx.obj["seed"])
@@ -142,7 +160,7 @@ def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr, 
         feats, tokens, anchors_ = sample_batch(ds, rng, seqs, anchors, block)
         return model.loss(feats[..., :d_in], tokens, anchors_, feats[..., d_in:] if teacher else None)
 
-    acc = train_loop(model, batch, steps, lr, "dflash")
+    acc = train_loop(model, batch, steps, lr, "dflash", ctx.obj["bf16"])
     notes = (f"trained by tools/train/run.py dflash{' --teacher' if teacher else ''}: {steps} steps x {seqs} seqs x "
              f"{anchors} blocks of {block}, "
              f"seed {ctx.obj['seed']}, {len(ds.lengths)} self-distilled sequences"
@@ -164,8 +182,9 @@ def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr, 
 @click.option("--teacher/--tokens", default=False, show_default=True,
               help="learn the target's own distribution for each token (its LM head on its next state), "
                    "or the data's tokens")
+@vocab_option
 @click.pass_context
-def mtp(ctx, data_dirs, init, out, steps, seqs, rows, lr, teacher):
+def mtp(ctx, data_dirs, init, out, steps, seqs, rows, lr, teacher, n_vocab):
     """Train one next-n head on `data` output and write it as an MTP sidecar GGUF."""
     from data import Dataset
     from export import mtp_metadata, restore, target_identity, write
@@ -173,12 +192,12 @@ def mtp(ctx, data_dirs, init, out, steps, seqs, rows, lr, teacher):
     path = index_model(data_dirs)
     target = Target(path)
     ds = Dataset(data_dirs, (target.hp.n_layer,))
-    model = Head(target)
+    model = Head(target, draft_tokens(ds, n_vocab))
     if init:
         restore(parameters(model, target.hp.n_layer), init)
     rng = np.random.default_rng(ctx.obj["seed"])
     acc = train_loop(model, lambda step: model.loss(*sample_batch(ds, rng, seqs), rows, rng, teacher), steps, lr,
-                     "mtp")
+                     "mtp", ctx.obj["bf16"])
     notes = (f"trained by tools/train/run.py mtp{' --teacher' if teacher else ''}: {steps} steps x {seqs} seqs "
              f"({rows} rows per depth), seed "
              f"{ctx.obj['seed']}, {len(ds.lengths)} self-distilled sequences"

@@ -35,16 +35,19 @@ def rope(x, pos, base, mode):
 
 def attend(q, k, v, mask):
     """q [B, H, T, hd], k/v [B, Hkv, S, hd], mask [B, 1, T, S] bool (True = seen): GQA attention."""
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(q.shape[-1]))
+    B, H, T, hd = q.shape
+    rep = H // k.shape[1]
+    if rep > 1:  # the rep query heads of a kv head as rep * T rows: K and V are never copied
+        q = q.reshape(B, k.shape[1], rep * T, hd)
+        mask = mask.unsqueeze(2).expand(-1, -1, rep, -1, -1).reshape(mask.shape[0], 1, rep * T, mask.shape[-1])
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(hd))
+    return o.reshape(B, H, T, hd)
 
 
 class Target:
     """Frozen weights (f32 tensors by GGUF name) and a batched forward with a KV cache."""
 
-    def __init__(self, path):
+    def __init__(self, path, matmul_dtype=torch.float32):
         mf = ModelFile(path)
         try:
             self.hp = hp = mf.hparams
@@ -55,9 +58,16 @@ class Target:
             self.w["output.weight"] = self.w["token_embd.weight"]
         if hp.has_rope_freqs or hp.n_nextn:
             raise SystemExit("training supports plain dense targets (no rope_freqs, no next-n heads)")
+        # the forward's matrices in matmul_dtype (bf16: AMX / AVX512-BF16 CPUs run them ~10x faster
+        # than f32); the residual stream, norms, attention and self.w stay f32
+        self.dtype = matmul_dtype
+        self.mm = {k: v.to(matmul_dtype) for k, v in self.w.items() if v.ndim == 2 and k != "token_embd.weight"}
 
     def lm_head(self, x):
-        return rms_norm(x, self.w["output_norm.weight"], self.hp.rms_eps) @ self.w["output.weight"].T
+        return self._mm(rms_norm(x, self.w["output_norm.weight"], self.hp.rms_eps), "output.weight")
+
+    def _mm(self, x, name):
+        return (x.to(self.dtype) @ self.mm[name].T).float()
 
     @torch.no_grad()
     def forward(self, tokens, pos, mask, cache, start, capture=()):
@@ -84,19 +94,39 @@ class Target:
             K, V = cache[i]
             K[:, :, start:start + T], V[:, :, start:start + T] = k, v
             o = attend(q, K[:, :, :start + T], V[:, :, :start + T], mask)
-            x = x + o.transpose(1, 2).reshape(B, T, -1) @ w[b + "attn_output.weight"].T
+            x = x + self._mm(o.transpose(1, 2).reshape(B, T, -1), b + "attn_output.weight")
             h = rms_norm(x, w[b + "ffn_norm.weight"], hp.rms_eps)
-            f = F.silu(h @ w[b + "ffn_gate.weight"].T) * (h @ w[b + "ffn_up.weight"].T)
-            x = x + f @ w[b + "ffn_down.weight"].T
+            f = F.silu(self._mm(h, b + "ffn_gate.weight")) * self._mm(h, b + "ffn_up.weight")
+            x = x + self._mm(f, b + "ffn_down.weight")
         if hp.n_layer in capture:
             seen[hp.n_layer] = x
         return x, seen
 
     def _proj(self, h, name):
-        y = h @ self.w[name + ".weight"].T
+        y = self._mm(h, name + ".weight")
         bias = self.w.get(name + ".bias")
         return y if bias is None else y + bias
 
     def new_cache(self, B, S):
         hp = self.hp
         return [[torch.zeros(B, hp.n_head_kv, S, hp.head_dim) for _ in range(2)] for _ in range(hp.n_layer)]
+
+
+class DraftVocab:
+    """The tokens a draft's logits cover: the engine computes a draft's logits for the first
+    tokens of its vocabulary list only (vkdflash.draft.vocab, default 8192), so training
+    normalizes over the same rows, at a fraction of the full head's cost. Labels off the list map
+    to -100 (ignored by the loss, and never a hit: the engine cannot propose them)."""
+
+    def __init__(self, target, tokens=None):
+        n = target.w["output.weight"].shape[0]
+        self.tokens = torch.arange(n) if tokens is None else torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+        self.head = target.w["output.weight"][self.tokens]
+        self.row = torch.full((n,), -100, dtype=torch.long)
+        self.row[self.tokens] = torch.arange(len(self.tokens))
+        self.norm, self.eps = target.w["output_norm.weight"], target.hp.rms_eps
+
+    def teacher(self, x):
+        """The target's distribution over these tokens from its final state x."""
+        return F.softmax(rms_norm(x, self.norm, self.eps) @ self.head.T, -1)
+
