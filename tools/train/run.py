@@ -13,8 +13,11 @@ and both again with --seed 2 --data D0 --data D1 --init F --lr 2e-4 (1400 / 1200
 then --teacher rounds (the target's own distributions as labels: 42% of the data's tokens are
 prompt text and a quarter of the continuations T 0.7 samples, not necessarily what greedy
 verification accepts): DFlash --seed 3, 600 steps;
-MTP --seed 3, 400 steps, then --seed 4, 600 steps at 1.5e-4: the shipped files (README,
-"Training the shipped drafts")."""
+MTP --seed 3, 400 steps, then --seed 4, 600 steps at 1.5e-4 (those rounds: --vocab 0). Round 4,
+on new prompts: data --seed 2 and --bf16 --seed 3 --prompts 2048, then both trainers --bf16
+--seed 11 --teacher from the round-3 files on both sets, DFlash 2300 steps (--anchors 32, 2e-4),
+MTP 1800 (--seqs 8 --rows 1024, 1.5e-4): the shipped files (README, "Training the shipped
+drafts")."""
 from __future__ import annotations
 
 import json
