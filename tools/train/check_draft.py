@@ -64,7 +64,7 @@ def main(model_path, dflash_path, mtp_path):
         x1 = head.fuse(h[None, :T - 1], torch.tensor([ids[1:]]))
         q, k, v = head._qkv(x1, torch.arange(T - 1)[None])
         y = head._rest(x1, attend(q, k, v, torch.ones(T - 1, T - 1, dtype=torch.bool).tril()[None, None]))
-        ours = (rms_norm(y[0], head.shared_head_norm, head.hp.rms_eps) @ head.head.T).detach().numpy()
+        ours = (rms_norm(y[0], head.shared_head_norm, head.hp.rms_eps) @ head.vocab.head.T).detach().numpy()
         ref = RefMTP(heads, refw)
         x = ref.fuse(h.numpy()[:T - 1], ids[1:])  # depth 1 at every position, teacher-forced
         _, want = ref.output(ref.block(x, 0))

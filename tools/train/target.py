@@ -121,7 +121,7 @@ class DraftVocab:
     def __init__(self, target, tokens=None):
         n = target.w["output.weight"].shape[0]
         self.tokens = torch.arange(n) if tokens is None else torch.as_tensor(np.asarray(tokens), dtype=torch.long)
-        self.head = target.w["output.weight"][self.tokens]
+        self.head = target.w["output.weight"] if tokens is None else target.w["output.weight"][self.tokens]
         self.row = torch.full((n,), -100, dtype=torch.long)
         self.row[self.tokens] = torch.arange(len(self.tokens))
         self.norm, self.eps = target.w["output_norm.weight"], target.hp.rms_eps
