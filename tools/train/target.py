@@ -63,8 +63,10 @@ class Target:
         self.dtype = matmul_dtype
         self.mm = {k: v.to(matmul_dtype) for k, v in self.w.items() if v.ndim == 2 and k != "token_embd.weight"}
 
-    def lm_head(self, x):
-        return self._mm(rms_norm(x, self.w["output_norm.weight"], self.hp.rms_eps), "output.weight")
+    def lm_head(self, x, rows=None):
+        """Logits from final states x: every token, or the given rows of the output matrix."""
+        x = rms_norm(x, self.w["output_norm.weight"], self.hp.rms_eps)
+        return self._mm(x, "output.weight") if rows is None else x @ rows.T
 
     def _mm(self, x, name):
         return (x.to(self.dtype) @ self.mm[name].T).float()
@@ -124,9 +126,9 @@ class DraftVocab:
         self.head = target.w["output.weight"] if tokens is None else target.w["output.weight"][self.tokens]
         self.row = torch.full((n,), -100, dtype=torch.long)
         self.row[self.tokens] = torch.arange(len(self.tokens))
-        self.norm, self.eps = target.w["output_norm.weight"], target.hp.rms_eps
+        self.target = target
 
     def teacher(self, x):
         """The target's distribution over these tokens from its final state x."""
-        return F.softmax(rms_norm(x, self.norm, self.eps) @ self.head.T, -1)
+        return F.softmax(self.target.lm_head(x, self.head), -1)
 
