@@ -5,13 +5,15 @@
 // queries times G heads that share one kv head, so each K/V row fetched and dequantized serves
 // all R rows. Lane j walks the cache positions j, j+LANES, j+2*LANES, ... one at a time, keeping
 // per row a running max, running sum and weighted sum of V rows (f32); a row skips positions it
-// may not see. At the end the lanes merge their states in fixed lane order (one barrier, no
-// tree). A row's operations depend only on its own visible length, never on n_q, QT or G, so
-// its output has the same bits however the queries are batched or chunked (batch invariance).
+// may not see. At the end the lanes merge their states in fixed lane order (by subgroup
+// shuffles, or through shared memory after one barrier; no tree). A row's operations depend
+// only on its own visible length, never on n_q, QT or G, so its output has the same bits
+// however the queries are batched or chunked (batch invariance).
 // TEXEL variant: Q, K and V are read as uniform texel buffers (see mul_mat.comp: cheaper loads
 // on lavapipe).
 //! variant flash_attn
 //! variant flash_attn_texel TEXEL=1
+#extension GL_KHR_shader_subgroup_shuffle : enable
 #include "common.glsl"
 #include "types.glsl"
 #include "hadamard.glsl"
@@ -23,6 +25,10 @@ layout(constant_id = 4) const uint G = 1u;       // heads per workgroup, all on 
 layout(constant_id = 5) const uint QT = 1u;      // queries per workgroup
 layout(constant_id = 6) const uint K_ROT = 0u;   // Hadamard chunk of a rotated K cache (0: none)
 layout(constant_id = 7) const float K_ROT_SCALE = 1.0;  // f32(1/sqrt(K_ROT))
+// 1: the workgroup lies in one subgroup, whose shuffles merge the lanes' states; shared memory
+// and a barrier cost lavapipe 2x the attention itself at 16 query rows
+layout(constant_id = 8) const bool SHUFFLE_MERGE = false;
+const uint MERGE_LANES = SHUFFLE_MERGE ? gl_WorkGroupSize.x : 1u;
 const uint R = QT * G;                           // rows per workgroup: row r = (query r / G, head r % G)
 
 // Cache rows are only 2-byte aligned, but lavapipe gathers every load lane by lane, so whole
@@ -191,6 +197,28 @@ void main() {
         }
     }
 
+    if (SHUFFLE_MERGE) {
+        // every lane reads each lane's state by shuffle and sums in the same lane order
+        [[unroll]] for (uint r = 0; r < R; r++) {
+            const uint qi = q0 + r / G;
+            float mx = NO_SCORE, sum = 0.0, f[MERGE_LANES];
+            [[unroll]] for (uint j = 0; j < LANES; j++) mx = max(mx, subgroupShuffle(m[r], j));
+            [[unroll]] for (uint j = 0; j < LANES; j++) {
+                f[j] = exp2(subgroupShuffle(m[r], j) - mx);
+                sum = fma(subgroupShuffle(l[r], j), f[j], sum);
+            }
+            const float inv = sum > 0.0 ? 1.0 / sum : 0.0;
+            const uint o_off = (qi * p.n_head + h0 + r % G) * (HD / 4u);
+            [[unroll]] for (uint d4 = 0; d4 < HD / 4u; d4++) {
+                const uint d = r * HD + 4u * d4;
+                const vec4 mine = vec4(acc[d], acc[d + 1u], acc[d + 2u], acc[d + 3u]);
+                vec4 o = vec4(0.0);
+                [[unroll]] for (uint j = 0; j < LANES; j++) o = fma(subgroupShuffle(mine, j), vec4(f[j]), o);
+                if (qi < p.n_q && d4 % LANES == lane) o_out[o_off + d4] = o * inv;
+            }
+        }
+        return;
+    }
     [[unroll]] for (uint r = 0; r < R; r++) {
         sh_m[r * LANES + lane] = m[r];
         sh_l[r * LANES + lane] = l[r];

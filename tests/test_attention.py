@@ -169,6 +169,30 @@ def test_texel_and_storage_loads_give_same_bits(ctx, kind):
     s.destroy()
 
 
+@pytest.mark.parametrize("kind", ["f16", "q4_0"])
+def test_shuffle_and_shared_merges_give_same_bits(ctx, kind, monkeypatch):
+    """The lanes' states merge by subgroup shuffles where the device allows, else through shared
+    memory: the same sums in the same lane order, so the same bits, rotated Q or not."""
+    import vkdflash.kernels.attention as ka
+    if not ka.shuffle_merge(ctx.features):
+        pytest.skip(f"subgroup of {ctx.features.subgroup_size} lanes without shuffles: shared merge only")
+    s = Setup(ctx, kind, 1)
+    n_q, outs = 6, []
+    for shuffle in (True, False):
+        monkeypatch.setattr(ka, "shuffle_merge", lambda features, shuffle=shuffle: shuffle)
+        out, gr = s.out(n_q), Graph(ctx)
+        s.params.write(np.array([FIRST], np.uint32))
+        attention(gr, s.qb.view(0, n_q * s.q_bytes), s.kv, s.vv, out.view(), s.params.view(0, 4), n_q,
+                  N_HEAD, N_HEAD_KV, HD, kind, kind, q_rotation=64 if kind == "q4_0" else 0)
+        gr.run()
+        outs.append((read(out, n_q), gr._dispatches[0].pipeline))
+        gr.destroy(), out.destroy()
+    (shuffled, p_shuffle), (shared, p_shared) = outs
+    assert p_shuffle is not p_shared  # two specializations really ran
+    assert np.array_equal(shuffled.view(np.uint32), shared.view(np.uint32))
+    s.destroy()
+
+
 def test_visible_length_clamped_to_cache(ctx):
     """Queries whose visible range runs past the bound cache rows read only those rows."""
     s = Setup(ctx, "f16", 1)

@@ -73,7 +73,7 @@ def attention(graph, q_view, k_view, v_view, out_view, params_view, n_q: int, n_
     if -(-n_q // qt) > MAX_GROUPS:
         raise VkdflashError(f"attention takes at most {MAX_GROUPS * qt} queries per call, got {n_q}")
     rot = (q_rotation, float(rotation_scale(q_rotation)) if q_rotation else 1.0)
-    spec = (LANES, head_dim, kt.id, vt.id, g, qt) + rot
+    spec = (LANES, head_dim, kt.id, vt.id, g, qt) + rot + (int(shuffle_merge(graph.ctx.features)),)
     views = [q_view, k_view, v_view, out_view, params_view]
     texels = [texel_view(graph.ctx, v, f) for v, f in zip(views[:3], ("f32x4", "u32x4", "u32x4"))]
     if (prefers_texel_loads(graph.ctx.features) if texel is None else texel) and all(texels):
@@ -84,6 +84,12 @@ def attention(graph, q_view, k_view, v_view, out_view, params_view, n_q: int, n_
     push = struct.pack("<7If", n_q, n_head, gqa, n_ctx, k_row // 2, v_row // 2, MASKS[mask], scale)
     graph.dispatch(pipe, views, (n_head // g, -(-n_q // qt)), push,
                    label=f"flash_attn/{kt.name},{vt.name}" + (f",qrot{q_rotation}" if q_rotation else ""))
+
+
+def shuffle_merge(features) -> bool:
+    """The lanes' states merge by subgroup shuffles where a workgroup fits in one subgroup:
+    on lavapipe, merging through shared memory cost more than the attention at 16 query rows."""
+    return "shuffle" in features.subgroup_ops and features.subgroup_size >= LANES
 
 
 def tile(n_q: int, gqa: int, head_dim: int) -> tuple[int, int]:
