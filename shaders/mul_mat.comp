@@ -10,7 +10,8 @@
 // weight rows, so each x chunk loaded serves R rows.
 // lavapipe facts behind the load paths: a storage-buffer load costs a per-lane loop, so
 // 16-byte loads (WIDE) read ~2.5x faster than 4-byte ones, and loading an x chunk once per
-// subgroup and shuffling it (XBCAST) beats every lane loading the same x.
+// subgroup and shuffling it (XBCAST) beats every lane loading the same x; with 16 lanes, one
+// load holds two slots' chunks (XBCAST 2): perf put lavapipe's x gathers first in a 16-row pass.
 // WIDE path: rows are stored 16-byte aligned (kernels/weights.py pads each row of the GGUF
 // layout to `stride` bytes), so every block of a group of G blocks sits at a compile-time
 // offset in a window of 16-byte loads; TAIL blocks (cols/QK mod G) end the row. Rows may be
@@ -34,7 +35,9 @@ layout(constant_id = 1) const uint TYPE = 0u;    // ggml type id of W
 layout(constant_id = 2) const uint SPLIT = 1u;   // lanes per row: power of two <= subgroup size
 layout(constant_id = 3) const uint NJ = 1u;      // activation rows per invocation
 layout(constant_id = 4) const uint WIDE = 0u;    // 1: 16-byte loads (not q6_k)
-layout(constant_id = 5) const uint XBCAST = 0u;  // 1: subgroup size >= 8 and SPLIT == 1
+layout(constant_id = 5) const uint XBCAST = 0u;  // x chunks shuffled, of XBCAST slots a load (SPLIT 1,
+                                                 // subgroup >= 8 XBCAST lanes)
+const uint XB = XBCAST > 1u ? XBCAST : 1u;
 layout(constant_id = 6) const uint TAIL = 0u;    // WIDE: blocks per row mod G
 layout(constant_id = 7) const uint JROLL = 0u;   // 1: a rolled loop over the NJ slots (compiles
                                                  // ~60x faster on LLVM without XBCAST, runs slower)
@@ -233,6 +236,14 @@ float combine(float acc, float A, float B, float s, float t) {
     return r;
 }
 
+// XBCAST: lane l loads vec4 l % 8 of slot jj + l / 8's chunk (XBCAST slots a load; a slot past
+// NJ reloads the last), so vec4 k of slot jj + i is at lane 8 i + k
+vec4 x_slots(uint xj[NJ], uint jj, uint xb) {
+    uint l = gl_SubgroupInvocationID, row = xj[jj];
+    [[unroll]] for (uint i = 1u; i < XBCAST; i++) if (l >= 8u * i) row = xj[min(jj + i, NJ - 1u)];
+    return x4(row + xb + (l & 7u));
+}
+
 // 32 activations starting at vec4 index `base`
 void load_x(uint base, out vec4 xs[8]) {
     if (XBCAST != 0u) {
@@ -280,11 +291,12 @@ void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[
                 a = win[i];
                 [[unroll]] for (uint k = 0u; k < 8u; k++) q[i][k] = chunk_q(o, sub, k);
             }
+            vec4 mine = vec4(0.0);
             [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
-                vec4 mine = XBCAST != 0u ? x4(xj[jj] + xb + (gl_SubgroupInvocationID & 7u)) : vec4(0.0);
+                if (XBCAST != 0u && jj % XB == 0u) mine = x_slots(xj, jj, xb);
                 precise float s[RL], t = 0.0;
                 [[unroll]] for (uint k = 0u; k < 8u; k++) {
-                    vec4 xk = XBCAST != 0u ? subgroupShuffle(mine, k) : x4(xj[jj] + xb + k);
+                    vec4 xk = XBCAST != 0u ? subgroupShuffle(mine, 8u * (jj % XB) + k) : x4(xj[jj] + xb + k);
                     if (OFFSET) sum4(t, xk);
                     [[unroll]] for (uint i = 0u; i < RL; i++) {
                         if (k == 0u) s[i] = 0.0;
@@ -298,7 +310,7 @@ void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[
             // that step of every row's chain, so nothing spills
             vec4 mine[NJ];
             if (XBCAST != 0u)
-                [[unroll]] for (uint jj = 0u; jj < NJ; jj++) mine[jj] = x4(xj[jj] + xb + (gl_SubgroupInvocationID & 7u));
+                [[unroll]] for (uint jj = 0u; jj < NJ; jj += XB) mine[jj] = x_slots(xj, jj, xb);
             precise float s[RL][NJ], t[NJ];
             [[unroll]] for (uint k = 0u; k < 8u; k++) {
                 vec4 q[RL];
@@ -307,7 +319,7 @@ void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[
                     q[i] = chunk_q(o, sub, k);
                 }
                 [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
-                    vec4 xk = XBCAST != 0u ? subgroupShuffle(mine[jj], k) : x4(xj[jj] + xb + k);
+                    vec4 xk = XBCAST != 0u ? subgroupShuffle(mine[jj - jj % XB], 8u * (jj % XB) + k) : x4(xj[jj] + xb + k);
                     if (k == 0u) t[jj] = 0.0;
                     if (OFFSET) sum4(t[jj], xk);
                     [[unroll]] for (uint i = 0u; i < RL; i++) {

@@ -23,7 +23,8 @@ class MatmulConfig:
     workgroup: int  # lanes per workgroup (spec constant 0)
     split: int      # lanes sharing one weight row (power of two <= subgroup size)
     nj: int         # most activation rows per invocation (n = 1 always uses 1)
-    xbcast: bool    # lanes load different parts of an x chunk and shuffle (subgroup >= 8, split 1)
+    xbcast: int     # lanes load different parts of x chunks of `xbcast` slots and shuffle (0: none;
+                    # subgroup >= 8 * xbcast, split 1)
     wide: bool = True  # 16-byte weight loads (not q6_k)
     rolled_slots: bool = False  # a rolled loop over the nj slots: slower, compiles fast on LLVM
     rows_matvec: int = 1  # weight rows per lane for n = 1 (wide path, 32-value blocks)
@@ -49,10 +50,10 @@ def config_for(features) -> MatmulConfig:
         # a slot and 4 weight rows a lane measured best (16-row SmolLM2 matmuls 4.0x a 1-row
         # pass, against 5.0x with nj 4 and 2 rows); 2 rows a lane for n = 1. n = 2 interleaves
         # its two slots with the decode: its matmuls 5-8% faster at 256 and 512 bits, n = 4 alike
-        return MatmulConfig(workgroup=sg, split=1, nj=8, xbcast=sg >= 8, rows_matvec=2, rows_batch=4,
+        return MatmulConfig(workgroup=sg, split=1, nj=8, xbcast=2 if sg >= 16 else int(sg >= 8), rows_matvec=2, rows_batch=4,
                             texel=prefers_texel_loads(features), islots=2)
     split = min(sg, 32)
-    return MatmulConfig(workgroup=max(64, split), split=split, nj=8, xbcast=False)
+    return MatmulConfig(workgroup=max(64, split), split=split, nj=8, xbcast=0)
 
 
 def rows_per_lane(weight: Weight, n: int, cfg: MatmulConfig) -> int:
@@ -164,7 +165,7 @@ def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulC
         bound = [tex.get(i, v) for i, v in enumerate(bound)]
     shader = "mul_mat" + ("_texel" if texel else "") + ("_glu" if up_piece else "")
     texels = texels if texel else ()
-    spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, int(cfg.xbcast), tail,
+    spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, min(cfg.xbcast, nj), tail,
             int(cfg.rolled_slots), rl, weight.tile, cfg.islots)
     pipe = ctx.pipeline(shader, len(bound), 48, spec, texels)
     push = struct.pack("<12I", piece.rows, weight.cols, n, piece.first_row, weight.stride, *segments[0], *segments[1],
