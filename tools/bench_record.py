@@ -12,6 +12,7 @@ one pair of runs moves by +-5%)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -44,6 +45,14 @@ def spec_figures(report: dict) -> dict:
             "tau": s["tau"], "mean_k": (s["draft_length"] or {}).get("mean_k")}
 
 
+def cpu_model() -> str:
+    """The host CPU (lavapipe's speed depends on it more than on the driver string)."""
+    for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+        if line.startswith("model name"):
+            return f"{line.partition(':')[2].strip()} ({os.cpu_count()} cores)"
+    return f"unknown ({os.cpu_count()} cores)"
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from dflash_fixtures import write_dflash
@@ -54,6 +63,7 @@ def main() -> None:
                                           text=True).stdout.strip()}
     m = vkdflash("bench", "model", "-p", "64", "-n", "32", "--profile", "--verify-curve")
     out["device"] = m["device"]
+    out["cpu"] = cpu_model()
     out["model_bench"] = {"decode_tps": m["decode_tps"], "prefill_tps": m["prefill_tps"],
                           "verify_curve": m["verify_curve"]["relative"],
                           "profile_ms": {n: {f: round(v["ms"], 2) for f, v in p["families"].items()}
