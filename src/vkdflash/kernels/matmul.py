@@ -165,6 +165,7 @@ def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulC
         bound = [tex.get(i, v) for i, v in enumerate(bound)]
     shader = "mul_mat" + ("_texel" if texel else "") + ("_glu" if up_piece else "")
     texels = texels if texel else ()
+    # paired x loads need two slots (with one, lavapipe's code for XBCAST 2 ran 50x slower)
     spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, min(cfg.xbcast, nj), tail,
             int(cfg.rolled_slots), rl, weight.tile, cfg.islots)
     pipe = ctx.pipeline(shader, len(bound), 48, spec, texels)
