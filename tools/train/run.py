@@ -5,6 +5,7 @@
     python tools/train/run.py --threads 1 mtp    --data DIR --out FILE.gguf [--steps 950 --lr 4e-4]
     python tools/train/run.py stamp FILE.gguf --suite-json S --strategy NAME [--cpu-speedup X]
     python tools/train/run.py vocab FILE.gguf --data DIR [--data DIR]
+    python tools/train/run.py score-mtp FILE.gguf --data HELD_OUT_DIR
 --data repeats (data runs with different seeds train as one set); --init FILE.gguf starts from an
 exported draft instead of the target's last block (a longer run in pieces, or more data).
 Needs the [train] extra (torch on the CPU, tqdm). Every step is seeded. On the 2-core reference
@@ -209,6 +210,36 @@ def mtp(ctx, data_dirs, init, out, steps, seqs, rows, lr, teacher, n_vocab):
     write(out, "mtp", mtp_metadata(target.hp, notes) | target_identity(path),
           tensors(model, target.hp.n_layer))
     click.echo(f"wrote {out}: {notes}")
+
+
+@cli.command("score-mtp")
+@click.argument("head_path", type=click.Path(exists=True, dir_okay=False))
+@data_option
+@click.option("--seqs", default=8, show_default=True, help="sequences per batch")
+@click.option("--batches", default=32, show_default=True)
+@click.pass_context
+def score_mtp(ctx, head_path, data_dirs, seqs, batches):
+    """Top-1 of an MTP head at depth 1 and 2 on `data` output, against the target's argmax over the
+    head's vocabulary (as training reports it). On prompts it never saw (`run.py --seed 7 data
+    --prompts 256`), a gap to the training figure is overfitting."""
+    from gguf import GGUFReader
+
+    from data import Dataset
+    from export import restore
+    from mtp import Head, parameters, sample_batch
+    from vkdflash.spec.vocab import DEFAULT_SIZE, DRAFT_VOCAB
+    target = Target(index_model(data_dirs))
+    ds = Dataset(data_dirs, (target.hp.n_layer,))
+    field = GGUFReader(head_path).fields.get(DRAFT_VOCAB)
+    tokens = [int(field.parts[i][0]) for i in field.data[:DEFAULT_SIZE]] if field else None
+    model = Head(target, tokens)
+    restore(parameters(model, target.hp.n_layer), head_path)
+    rng = np.random.default_rng(ctx.obj["seed"])
+    with torch.no_grad():
+        accs = np.mean([model.loss(*sample_batch(ds, rng, min(seqs, len(ds.lengths))), 1 << 30, rng, True)[1].numpy()
+                        for _ in range(batches)], 0)
+    click.echo(f"{head_path}: top-1 depth 1 {accs[0]:.3f}, depth 2 {accs[1]:.3f} "
+               f"({batches} x {seqs} of {len(ds.lengths)} sequences)")
 
 
 @cli.command()
