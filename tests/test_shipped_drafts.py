@@ -73,7 +73,9 @@ def test_shipped_draft_is_found_and_accepted(smollm2, f16, name):
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
-@pytest.mark.parametrize("ctype,ratio", [("q8_0", 0.95), ("q4_0", 0.85)])
+# 4 prompts x 48 tokens move acceptance by +-7% (round-5 files: q8_0 0.95x / 1.02x, q4_0 1.00x /
+# 1.07x for dflash / mtp, q4_0 above q8_0); the bug these guard against falls below 0.1x
+@pytest.mark.parametrize("ctype,ratio", [("q8_0", 0.9), ("q4_0", 0.85)])
 def test_quantized_draft_cache_keeps_acceptance(smollm2, f16, name, ctype, ratio):
     base, plain_outputs = f16[name]
     rate, outputs = acceptance(smollm2, name, ctype)

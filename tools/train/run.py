@@ -17,8 +17,9 @@ verification accepts): DFlash --seed 3, 600 steps;
 MTP --seed 3, 400 steps, then --seed 4, 600 steps at 1.5e-4 (those rounds: --vocab 0). Round 4,
 on new prompts: data --seed 2 and --bf16 --seed 3 --prompts 2048, then both trainers --bf16
 --seed 11 --teacher from the round-3 files on both sets, DFlash 2300 steps (--anchors 32, 2e-4),
-MTP 1800 (--seqs 8 --rows 1024, 1.5e-4): the shipped files (README, "Training the shipped
-drafts")."""
+MTP 1800 (--seqs 8 --rows 1024, 1.5e-4). Round 5: data --bf16 --seed 4 --prompts 2048, then
+both --seed 12 from the round-4 files on the three sets, DFlash 2000 steps (1.5e-4), MTP 1300
+(1.2e-4): the shipped files (README, "Training the shipped drafts")."""
 from __future__ import annotations
 
 import json
