@@ -223,17 +223,16 @@ def score_mtp(ctx, head_path, data_dirs, seqs, batches):
     """Top-1 of an MTP head at depth 1 and 2 on `data` output, against the target's argmax over the
     head's vocabulary (as training reports it). On prompts it never saw (`run.py --seed 7 data
     --prompts 256`), a gap to the training figure is overfitting."""
-    from gguf import GGUFReader
-
     from data import Dataset
     from export import restore
     from mtp import Head, parameters, sample_batch
-    from vkdflash.spec.vocab import DEFAULT_SIZE, DRAFT_VOCAB
+    from vkdflash.model import GGUFFile
+    from vkdflash.spec.vocab import draft_vocab
     target = Target(index_model(data_dirs))
     ds = Dataset(data_dirs, (target.hp.n_layer,))
-    field = GGUFReader(head_path).fields.get(DRAFT_VOCAB)
-    tokens = [int(field.parts[i][0]) for i in field.data[:DEFAULT_SIZE]] if field else None
-    model = Head(target, tokens)
+    with GGUFFile(head_path) as f:  # the rows the engine computes for this head
+        vocab = draft_vocab(f.metadata, target.hp.n_vocab, {})
+    model = Head(target, None if vocab is None else vocab.ids)
     restore(parameters(model, target.hp.n_layer), head_path)
     rng = np.random.default_rng(ctx.obj["seed"])
     with torch.no_grad():
