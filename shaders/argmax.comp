@@ -4,14 +4,25 @@
 // integer keys, so the result does not hang on how a device compares NaN. With FLAG, bit 31 of
 // the index marks a row whose largest value is not finite (NaN, +inf, or every value -inf):
 // greedy decoding reads back only the index and must still refuse such logits.
+// TEXEL variant: as rms_norm.comp's.
+//! variant argmax
+//! variant argmax_sg_texel ONE_SUBGROUP=1 TEXEL=1
 #include "common.glsl"
 #include "rows.glsl"
 
 layout(constant_id = 1) const bool VEC4 = false;  // n_cols % 4 == 0 and a 16-byte aligned view
 layout(constant_id = 2) const bool FLAG = false;
 
-layout(binding = 0) readonly buffer X { float x[]; };
-layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
+#ifdef TEXEL
+layout(binding = 0) uniform samplerBuffer x_tex;
+vec4 x4(uint i) { return texelFetch(x_tex, int(i)); }
+float x(uint i) { return x4(i >> 2)[i & 3u]; }
+#else
+layout(binding = 0) readonly buffer X { float x_[]; };
+layout(binding = 0) readonly buffer X4 { vec4 x4_[]; };
+vec4 x4(uint i) { return x4_[i]; }
+float x(uint i) { return x_[i]; }
+#endif
 layout(binding = 1) writeonly buffer Y { uint y[]; };
 layout(push_constant) uniform Push { uint n_rows; uint n_cols; } p;
 
@@ -30,7 +41,7 @@ void main() {
             const uint n = p.n_cols / 4u, base = row * n;
             uvec4 bk = uvec4(0u), bi = uvec4(0xFFFFFFFFu);
             for (uint i = tid; i < n; i += WG) {
-                const uvec4 k = order_key(x4[base + i]);
+                const uvec4 k = order_key(x4(base + i));
                 const bvec4 gt = greaterThan(k, bk);  // strict: the earliest index of a lane stays
                 bk = mix(bk, k, gt);
                 bi = mix(bi, uvec4(4u * i) + uvec4(0u, 1u, 2u, 3u), gt);
@@ -39,7 +50,7 @@ void main() {
         } else {
             const uint base = row * p.n_cols;
             for (uint i = tid; i < p.n_cols; i += WG) {
-                const uint k = order_key(vec4(x[base + i])).x;
+                const uint k = order_key(vec4(x(base + i))).x;
                 if (k > key) { key = k; idx = i; }  // every real key is > 0
             }
         }

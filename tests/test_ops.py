@@ -110,6 +110,31 @@ def test_argmax_batch_invariant(wg_ctx, cols):
     assert np.array_equal(full[:, 0], ops.argmax(x))
 
 
+def test_texel_and_storage_variants_give_same_bits(ctx, monkeypatch):
+    """The one-subgroup texel variants (rms_norm, argmax) against the storage-buffer ones."""
+    if rows.texel_inputs(ctx, ctx.buffer(16).view()) is None:
+        pytest.skip("this device takes the storage-buffer variants only")
+    x, w = _data(5, 576) * 8, _data(576, seed=1)
+
+    def run():
+        xb, wb, yb, ib = ctx.upload(x), ctx.upload(w), ctx.buffer(x.nbytes), ctx.buffer(5 * 4)
+        g = Graph(ctx)
+        rms_norm(g, xb, wb, yb, 5, 576, 1e-6)
+        argmax(g, xb, ib, 5, 576)
+        g.run()
+        got = yb.read(np.uint32), ib.read(np.uint32)
+        g.destroy()
+        for b in (xb, wb, yb, ib):
+            b.destroy()
+        return got
+
+    texel = run()
+    monkeypatch.setattr(rows, "texel_inputs", lambda c, *views: None)
+    storage = run()
+    assert np.array_equal(texel[0], storage[0]) and np.array_equal(texel[1], storage[1])
+    assert np.array_equal(texel[1], ops.argmax(x))
+
+
 @pytest.mark.parametrize("op", ["add", "mul", "swiglu", "scale"])
 def test_elementwise_batch_invariant(wg_ctx, op):
     width = 100

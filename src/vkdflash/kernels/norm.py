@@ -23,6 +23,10 @@ def rms_norm(graph, x, w, out, n_rows: int, dim: int, eps: float) -> None:
     vec4 = rows.vec4_ok(dim, x, w, out)
     wg = rows.workgroup(ctx)
     iters = 2 * -(-dim // (4 * wg if vec4 else wg))  # two passes over the row
-    pipe = ctx.pipeline("rms_norm", 3, 12, (wg, int(vec4)))
-    graph.dispatch(pipe, [x, w, out], (rows.groups(ctx, n_rows, iters, "rms_norm"),),
+    texels = rows.texel_inputs(ctx, x, w) if vec4 else None
+    if texels:
+        pipe, views = ctx.pipeline("rms_norm_sg_texel", 3, 12, (wg, 1), (0, 1)), [*texels, out]
+    else:
+        pipe, views = ctx.pipeline("rms_norm", 3, 12, (wg, int(vec4))), [x, w, out]
+    graph.dispatch(pipe, views, (rows.groups(ctx, n_rows, iters, "rms_norm"),),
                    struct.pack("<IIf", n_rows, dim, eps), label="rms_norm")

@@ -7,7 +7,7 @@ workgroups can be capped without changing any row's arithmetic."""
 from __future__ import annotations
 
 from ..errors import VkdflashError
-from ..runtime.memory import View, as_view
+from ..runtime.memory import View, as_view, prefers_texel_loads, texel_view
 
 F32 = 4
 
@@ -56,3 +56,13 @@ def check_dims(**dims) -> None:
 def vec4_ok(n: int, *views: View) -> bool:
     """Whole rows of vec4s: `n` floats per row and every view on a 16-byte boundary."""
     return n % 4 == 0 and all(v.offset % 16 == 0 for v in views)
+
+
+def texel_inputs(ctx, *views: View) -> list | None:
+    """The `_sg_texel` variant's inputs (vec4 texel views) where it applies: a one-subgroup
+    workgroup (no barrier code at all), a device that prefers texel loads, and views it can bind
+    as texels (whole vec4 rows checked by the caller). None: take the storage-buffer variant."""
+    if workgroup(ctx) != max(1, ctx.features.subgroup_size) or not prefers_texel_loads(ctx.features):
+        return None
+    texels = [texel_view(ctx, v, "f32x4") for v in views]
+    return texels if all(texels) else None

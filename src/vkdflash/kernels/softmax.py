@@ -41,5 +41,9 @@ def argmax(graph, x, out_u32, n_rows: int, n_cols: int, flag_nonfinite: bool = F
     x = rows.check_view(ctx, "argmax x", x, n_rows * n_cols * rows.F32)
     out_u32 = rows.check_view(ctx, "argmax out", out_u32, n_rows * 4)
     wg, vec4, groups = _shape(ctx, "argmax", n_rows, n_cols, (x,), 1)
-    pipe = ctx.pipeline("argmax", 2, 8, (wg, int(vec4), int(flag_nonfinite)))
-    graph.dispatch(pipe, [x, out_u32], (groups,), struct.pack("<II", n_rows, n_cols), label="argmax")
+    texels = rows.texel_inputs(ctx, x) if vec4 else None
+    if texels:
+        pipe, views = ctx.pipeline("argmax_sg_texel", 2, 8, (wg, 1, int(flag_nonfinite)), (0,)), [*texels, out_u32]
+    else:
+        pipe, views = ctx.pipeline("argmax", 2, 8, (wg, int(vec4), int(flag_nonfinite))), [x, out_u32]
+    graph.dispatch(pipe, views, (groups,), struct.pack("<II", n_rows, n_cols), label="argmax")
