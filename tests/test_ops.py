@@ -135,6 +135,34 @@ def test_texel_and_storage_variants_give_same_bits(ctx, monkeypatch):
     assert np.array_equal(texel[1], ops.argmax(x))
 
 
+@pytest.mark.parametrize("mode", ["normal", "neox"])
+@pytest.mark.parametrize("n_rot", [64, 32, 24])
+def test_rope_texel_and_storage_variants_give_same_bits(ctx, monkeypatch, mode, n_rot):
+    """rope_texel (4 pairs a lane, vec4 accesses) against rope, with Q and K in one dispatch and
+    part of each head passing through; n_rot 24 is not a multiple of 8: the storage variant."""
+    import vkdflash.kernels.rope as rope_mod
+    x, k = _data(3, 4, 64), _data(3, 2, 64, seed=1)
+    pos = np.array([0, 7, 123456], np.int32)
+
+    def run():
+        xb, kb, pb = ctx.upload(x), ctx.upload(k), ctx.upload(pos)
+        g = Graph(ctx)
+        rope(g, xb, pb, xb, 3, 4, 64, 1e4, mode, n_rot=n_rot, second=(kb, kb, 2))
+        g.run()
+        got = xb.read(np.uint32), kb.read(np.uint32)
+        g.destroy()
+        for b in (xb, kb, pb):
+            b.destroy()
+        return got
+
+    texel = run()
+    monkeypatch.setattr(rope_mod, "prefers_texel_loads", lambda features: False)
+    storage = run()
+    assert np.array_equal(texel[0], storage[0]) and np.array_equal(texel[1], storage[1])
+    want = ops.rope(x, pos, 1e4, mode, n_rot=n_rot)
+    assert nmse(texel[0].view(np.float32).reshape(x.shape), want) < NMSE_DEFAULT
+
+
 @pytest.mark.parametrize("op", ["add", "mul", "swiglu", "scale"])
 def test_elementwise_batch_invariant(wg_ctx, op):
     width = 100

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import rows
 from ..errors import VkdflashError
+from ..runtime.memory import prefers_texel_loads, texel_view
 
 MODES = ("normal", "neox")
 _tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # ctx -> {key: Buffer}
@@ -81,9 +82,18 @@ def rope(graph, x, positions, out, n_tokens: int, n_heads: int, head_dim: int, f
         out2 = rows.check_view(ctx, "rope out2", out2, nbytes2)
     table = _table(ctx, n_rot, freq_base, freq_scale, freq_factors)
     wg = rows.workgroup(ctx)
-    n_items = n_tokens * (head_dim // 2)
-    chunks = -(-n_items // wg)  # one lane per (token, pair), each looping over the heads
-    pipe = ctx.pipeline("rope", 6, 20, (wg, int(mode == "neox")))
-    graph.dispatch(pipe, [x, positions, table, out, x2, out2],
-                   (rows.groups(ctx, chunks, n_heads + n_heads2, "rope"),),
+    views = [x, positions, table, out, x2, out2]
+    # texel variant: one lane per (token, 4 pairs), vec4 reads and writes
+    texels = [texel_view(ctx, v, "f32x4") for v in (x, x2)] \
+        if prefers_texel_loads(ctx.features) and head_dim % 8 == 0 and n_rot % 8 == 0 \
+        and out.offset % 16 == 0 and out2.offset % 16 == 0 else [None]
+    texel = all(texels)
+    n_items = n_tokens * (head_dim // (8 if texel else 2))
+    chunks = -(-n_items // wg)  # one lane per item, each looping over the heads
+    if texel:
+        views[0], views[4] = texels
+        pipe = ctx.pipeline("rope_texel", 6, 20, (wg, int(mode == "neox")), (0, 4))
+    else:
+        pipe = ctx.pipeline("rope", 6, 20, (wg, int(mode == "neox")))
+    graph.dispatch(pipe, views, (rows.groups(ctx, chunks, n_heads + n_heads2, "rope"),),
                    struct.pack("<5I", n_tokens, n_heads, head_dim // 2, n_rot // 2, n_heads2), label=f"rope_{mode}")
