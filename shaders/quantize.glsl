@@ -3,6 +3,9 @@
 // Include once per destination buffer after defining
 //   QZ_BUF  the uint16_t[] array receiving the blocks
 //   QZ_FN   the name to give the function
+//   QZ_BUF4 the same memory as uvec4[], and QZ_WIDE a bool: when true, plain types (whole
+//           16-byte words: blocks of 64 or 128 bytes from a 16-byte aligned binding) are
+//           written 16 bytes a store, a quarter to an eighth of lavapipe's per-lane store loops
 // It defines: void QZ_FN(uint type, uint base, float x[32])
 //   base: index in QZ_BUF of the block's first 16-bit word (type_u16(type) words are written).
 // Plain types (f32/f16/bf16) count as 32-value blocks, as in dequant.glsl.
@@ -85,6 +88,7 @@ int round_away(float v) {
 #endif
 
 #define QZ_W(i, val) QZ_BUF[base + (i)] = uint16_t(val)
+#define QZ_W4(k, val) QZ_BUF4[base / 8u + (k)] = (val)
 // q[32] as ggml nibbles from word w0 on, preceded by the 32 fifth bits when q5 (q5_0, q5_1)
 #define QZ_PACK(q, q5, w0) { \
     uint qs_ = (w0); \
@@ -104,17 +108,30 @@ int round_away(float v) {
 void QZ_FN(uint type, uint base, float x[32]) {
     switch (type) {
     case T_F32:
+        if (QZ_WIDE) {
+            [[unroll]] for (uint k = 0; k < 8; k++)
+                QZ_W4(k, floatBitsToUint(vec4(x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3])));
+            break;
+        }
         [[unroll]] for (uint i = 0; i < 32; i++) {
             uint u = floatBitsToUint(x[i]);
             QZ_W(2 * i, u & 0xFFFFu); QZ_W(2 * i + 1, u >> 16);
         }
         break;
-    case T_F16:
-        [[unroll]] for (uint i = 0; i < 32; i++) QZ_W(i, f32_to_f16_rn(x[i]));
+    case T_F16: case T_BF16: {
+        uint h[32];
+        [[unroll]] for (uint i = 0; i < 32; i++) h[i] = type == T_F16 ? f32_to_f16_rn(x[i]) : f32_to_bf16(x[i]);
+        if (QZ_WIDE) {
+            [[unroll]] for (uint k = 0; k < 4; k++) {
+                const uint i = 8 * k;
+                QZ_W4(k, uvec4(h[i] | (h[i + 1] << 16), h[i + 2] | (h[i + 3] << 16),
+                               h[i + 4] | (h[i + 5] << 16), h[i + 6] | (h[i + 7] << 16)));
+            }
+            break;
+        }
+        [[unroll]] for (uint i = 0; i < 32; i++) QZ_W(i, h[i]);
         break;
-    case T_BF16:
-        [[unroll]] for (uint i = 0; i < 32; i++) QZ_W(i, f32_to_bf16(x[i]));
-        break;
+    }
     case T_Q8_0: {
         float amax = 0.0;
         [[unroll]] for (uint i = 0; i < 32; i++) amax = max(amax, abs(x[i]));

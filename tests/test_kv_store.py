@@ -54,8 +54,15 @@ def store(ctx, x: np.ndarray, pos, n_ctx: int, cache_type: str, init: np.ndarray
 
 
 @pytest.mark.parametrize("cache_type", GGUF_TYPES)
+@pytest.mark.parametrize("loads", ["fast", "storage"])
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
-def test_bytes_match_gguf(ctx, cache_type):
+def test_bytes_match_gguf(ctx, cache_type, loads, monkeypatch):
+    """Both access paths (texel loads and 16-byte stores where they apply; storage-buffer loads
+    and 2-byte stores) store gguf's bytes."""
+    if loads == "storage":
+        import vkdflash.kernels.kv_store as kv_store
+        monkeypatch.setattr(kv_store, "prefers_texel_loads", lambda features: False)
+        monkeypatch.setattr(kv_store, "wide_stores", lambda t, offsets: False)
     x = edge_rows(128, 1)
     pos = np.arange(len(x))[::-1]
     got = store(ctx, x, pos, len(x), cache_type)[pos]

@@ -13,7 +13,7 @@ import struct
 import numpy as np
 
 from ..errors import VkdflashError
-from ..runtime.memory import as_view, pieces
+from ..runtime.memory import as_view, pieces, prefers_texel_loads, texel_view
 from .hadamard import scale
 from .types import CACHE_TYPES, get_type
 
@@ -86,21 +86,34 @@ def store_rows(graph, src_view, positions_view, cache_view, n_rows: int, row_len
     if len(set(n_ctx)) > 1:
         raise VkdflashError(f"the two caches of one store hold {n_ctx[0]} and {n_ctx[1]} rows")
     ctx = graph.ctx
-    spec = (workgroup, t.id, rotation, float(scale(rotation)) if rotation else 1.0)
+    offsets = [cache.offset + row0 * rb for _, cache in pairs for row0, _ in _pieces(ctx, n_ctx[0], rb, cache.offset)]
+    spec = (workgroup, t.id, rotation, float(scale(rotation)) if rotation else 1.0, int(wide_stores(t, offsets)))
     units = n_rows * row_len // max(rotation, 32)
     label = f"set_rows.{t.name}" + (f".rot{rotation}" if rotation else "")
     push = struct.pack("<5I", n_rows, row_len, stride, 0, n_ctx[0])
+    # texel variants: sources as vec4 texels (whole vec4s: row_len is a multiple of 32)
+    texels = [texel_view(ctx, src, "f32x4") for src, _ in pairs] \
+        if prefers_texel_loads(ctx.features) and stride % 4 == 0 else [None]
+    if all(texels):
+        pairs = [(t, cache) for t, (_, cache) in zip(texels, pairs)]
+    variant = "_texel" if all(texels) else ""
     if second and all(len(_pieces(ctx, n_ctx[0], rb, cache.offset)) == 1 for _, cache in pairs):
         (src, cache), (src_v, cache_v) = pairs
-        graph.dispatch(ctx.pipeline("set_rows_kv", 5, 20, spec), [src, pos, cache, src_v, cache_v],
-                       (-(-2 * units // workgroup),), push, label=label + ".kv")
+        graph.dispatch(ctx.pipeline("set_rows_kv" + variant, 5, 20, spec, (0, 3) if variant else ()),
+                       [src, pos, cache, src_v, cache_v], (-(-2 * units // workgroup),), push, label=label + ".kv")
         return
-    pipe = ctx.pipeline("set_rows", 3, 20, spec)
+    pipe = ctx.pipeline("set_rows" + variant, 3, 20, spec, (0,) if variant else ())
     for src, cache in pairs:
         for row0, count in _pieces(ctx, n_ctx[0], rb, cache.offset):
             piece = cache.buffer.view(cache.offset + row0 * rb, count * rb)
             graph.dispatch(pipe, [src, pos, piece], (-(-units // workgroup),),
                            struct.pack("<5I", n_rows, row_len, stride, row0, count), label=label)
+
+
+def wide_stores(t, binding_offsets) -> bool:
+    """16-byte stores (set_rows.comp's WIDE): plain types, whose 64- or 128-byte blocks then sit
+    on 16-byte boundaries of 16-byte aligned bindings."""
+    return t.name in ("f32", "f16", "bf16") and all(off % 16 == 0 for off in binding_offsets)
 
 
 def _pieces(ctx, n_ctx: int, row_bytes: int, offset: int) -> list[tuple[int, int]]:
