@@ -5,8 +5,9 @@
 // queries times G heads that share one kv head, so each K/V row fetched and dequantized serves
 // all R rows. Lane j walks the cache positions j, j+LANES, j+2*LANES, ... one at a time, keeping
 // per row a running max, running sum and weighted sum of V rows (f32); a row skips positions it
-// may not see. At the end the lanes merge their states in fixed lane order (by subgroup
-// shuffles, or through shared memory after one barrier; no tree). A row's operations depend
+// may not see. At the end the lanes merge their states, lane l summing the others in the fixed
+// order l^0, l^1, ..., l^(LANES-1) (by subgroup shuffles, or through shared memory after one
+// barrier; no tree), and lane l writes the outputs d4 with d4 % LANES == l. A row's operations depend
 // only on its own visible length, never on n_q, QT or G, so its output has the same bits
 // however the queries are batched or chunked (batch invariance).
 // TEXEL variant: Q, K and V are read as uniform texel buffers (see mul_mat.comp: cheaper loads
@@ -28,7 +29,13 @@ layout(constant_id = 7) const float K_ROT_SCALE = 1.0;  // f32(1/sqrt(K_ROT))
 // 1: the workgroup lies in one subgroup, whose shuffles merge the lanes' states; shared memory
 // and a barrier cost lavapipe 2x the attention itself at 16 query rows
 layout(constant_id = 8) const bool SHUFFLE_MERGE = false;
-const uint MERGE_LANES = SHUFFLE_MERGE ? gl_WorkGroupSize.x : 1u;
+// PACK groups of LANES lanes share a workgroup (SHUFFLE_MERGE only: a 16-lane SIMD vector would
+// otherwise run 8 lanes), each group a workgroup of its own as above: part p of workgroup w is
+// group w * PACK + p along y (queries) when PACK_Y, else along x (heads)
+layout(constant_id = 9) const uint PACK = 1u;
+layout(constant_id = 10) const bool PACK_Y = false;
+const uint LANES = gl_WorkGroupSize.x / PACK;
+const uint MERGE_LANES = SHUFFLE_MERGE ? LANES : 1u;
 const uint R = QT * G;                           // rows per workgroup: row r = (query r / G, head r % G)
 
 // Cache rows are only 2-byte aligned, but lavapipe gathers every load lane by lane, so whole
@@ -105,11 +112,14 @@ const float NO_SCORE = -3.0e38;  // finite "minus infinity": exp2(NO_SCORE - s) 
 shared float sh_m[R * gl_WorkGroupSize.x];
 shared float sh_l[R * gl_WorkGroupSize.x];
 shared vec4 sh_acc[R * HD / 4u * gl_WorkGroupSize.x];
-shared float sh_q[K_ROT > 0u ? R * HD : 1u];  // the rotated queries
+shared float sh_q[K_ROT > 0u ? PACK * R * HD : 1u];  // the rotated queries
 
 void main() {
-    const uint LANES = gl_WorkGroupSize.x, lane = gl_LocalInvocationID.x;
-    const uint h0 = gl_WorkGroupID.x * G, q0 = gl_WorkGroupID.y * QT;
+    const uint lane = gl_LocalInvocationID.x % LANES, part = gl_LocalInvocationID.x / LANES;
+    const uint gx = PACK_Y ? gl_WorkGroupID.x : gl_WorkGroupID.x * PACK + part;
+    const uint gy = PACK_Y ? gl_WorkGroupID.y * PACK + part : gl_WorkGroupID.y;
+    const bool dead = gx * G >= p.n_head;  // a part past the last head group: sees nothing
+    const uint h0 = dead ? 0u : gx * G, q0 = dead ? p.n_q : gy * QT;
     const uint kv_head = h0 / p.gqa;
     const uint k_blk = type_u16(K_TYPE), v_blk = type_u16(V_TYPE);
     const uint k_off = kv_head * NB * k_blk, v_off = kv_head * NB * v_blk;
@@ -138,10 +148,10 @@ void main() {
                 v[i] = x.x; v[i + 1] = x.y; v[i + 2] = x.z; v[i + 3] = x.w;
             }
             FWHT(v, 0u, K_ROT, K_ROT_SCALE)
-            for (uint i = 0; i < K_ROT; i++) sh_q[c * K_ROT + i] = v[i];
+            for (uint i = 0; i < K_ROT; i++) sh_q[part * R * HD + c * K_ROT + i] = v[i];
         }
         barrier();
-        [[unroll]] for (uint d = 0; d < R * HD; d++) q[d] = sh_q[d] * qscale;
+        [[unroll]] for (uint d = 0; d < R * HD; d++) q[d] = sh_q[part * R * HD + d] * qscale;
     } else {
         [[unroll]] for (uint r = 0; r < R; r++) {
             const uint qi = min(q0 + r / G, p.n_q - 1u);  // rows past n_q load a real query, never used
@@ -198,14 +208,14 @@ void main() {
     }
 
     if (SHUFFLE_MERGE) {
-        // every lane reads each lane's state by shuffle and sums in the same lane order
+        // lane l reads lane l^j's state by shuffle (j < LANES: within l's part)
         [[unroll]] for (uint r = 0; r < R; r++) {
             const uint qi = q0 + r / G;
             float mx = NO_SCORE, sum = 0.0, f[MERGE_LANES];
-            [[unroll]] for (uint j = 0; j < LANES; j++) mx = max(mx, subgroupShuffle(m[r], j));
+            [[unroll]] for (uint j = 0; j < LANES; j++) mx = max(mx, subgroupShuffleXor(m[r], j));
             [[unroll]] for (uint j = 0; j < LANES; j++) {
-                f[j] = exp2(subgroupShuffle(m[r], j) - mx);
-                sum = fma(subgroupShuffle(l[r], j), f[j], sum);
+                f[j] = exp2(subgroupShuffleXor(m[r], j) - mx);
+                sum = fma(subgroupShuffleXor(l[r], j), f[j], sum);
             }
             const float inv = sum > 0.0 ? 1.0 / sum : 0.0;
             const uint o_off = (qi * p.n_head + h0 + r % G) * (HD / 4u);
@@ -213,7 +223,7 @@ void main() {
                 const uint d = r * HD + 4u * d4;
                 const vec4 mine = vec4(acc[d], acc[d + 1u], acc[d + 2u], acc[d + 3u]);
                 vec4 o = vec4(0.0);
-                [[unroll]] for (uint j = 0; j < LANES; j++) o = fma(subgroupShuffle(mine, j), vec4(f[j]), o);
+                [[unroll]] for (uint j = 0; j < LANES; j++) o = fma(subgroupShuffleXor(mine, j), vec4(f[j]), o);
                 if (qi < p.n_q && d4 % LANES == lane) o_out[o_off + d4] = o * inv;
             }
         }
@@ -234,13 +244,13 @@ void main() {
         float mx = NO_SCORE;
         for (uint j = 0; j < LANES; j++) mx = max(mx, sh_m[r * LANES + j]);
         float sum = 0.0;
-        for (uint j = 0; j < LANES; j++) sum = fma(sh_l[r * LANES + j], exp2(sh_m[r * LANES + j] - mx), sum);
+        for (uint j = 0; j < LANES; j++) sum = fma(sh_l[r * LANES + (lane ^ j)], exp2(sh_m[r * LANES + (lane ^ j)] - mx), sum);
         const float inv = sum > 0.0 ? 1.0 / sum : 0.0;
         const uint o_off = (qi * p.n_head + h0 + r % G) * (HD / 4u);
         for (uint d4 = lane; d4 < HD / 4u; d4 += LANES) {
             vec4 o = vec4(0.0);
             for (uint j = 0; j < LANES; j++)
-                o = fma(sh_acc[(r * HD / 4u + d4) * LANES + j], vec4(exp2(sh_m[r * LANES + j] - mx)), o);
+                o = fma(sh_acc[(r * HD / 4u + d4) * LANES + (lane ^ j)], vec4(exp2(sh_m[r * LANES + (lane ^ j)] - mx)), o);
             o_out[o_off + d4] = o * inv;
         }
     }

@@ -193,6 +193,35 @@ def test_shuffle_and_shared_merges_give_same_bits(ctx, kind, monkeypatch):
     s.destroy()
 
 
+@pytest.mark.parametrize("kind", ["f16", "q4_0"])
+@pytest.mark.parametrize("n_q", [1, 7])
+def test_packed_workgroups_give_same_bits(ctx, kind, n_q, monkeypatch):
+    """Groups of lanes packed into one workgroup (along heads for one query, along queries for
+    more) give each row the bits it gets alone, with a last part that has nothing to do: 3 heads
+    on one kv head (the cache rows read as one head each) and 7 queries."""
+    import vkdflash.kernels.attention as ka
+    if not ka.shuffle_merge(ctx.features) or ka.pack(ctx.features) < 2:
+        pytest.skip(f"a subgroup of {ctx.features.subgroup_size} lanes holds one group")
+    monkeypatch.setattr(ka, "tile", lambda n_q, gqa, hd: (1, 1))
+    s = Setup(ctx, kind, 1)
+    n_head, q_bytes = 3, 3 * HD * 4
+    outs = []
+    for pk in (1, ka.pack(ctx.features)):
+        monkeypatch.setattr(ka, "pack", lambda features, pk=pk: pk)
+        out, gr = ctx.buffer(n_q * q_bytes), Graph(ctx)
+        s.params.write(np.array([FIRST], np.uint32))
+        attention(gr, s.qb.view(0, n_q * q_bytes), s.kv, s.vv, out.view(), s.params.view(0, 4), n_q,
+                  n_head, 1, HD, kind, kind, q_rotation=64 if kind == "q4_0" else 0)
+        gr.run()
+        outs.append((out.read(np.float32), gr._dispatches[0].groups))
+        gr.destroy(), out.destroy()
+    (alone, groups1), (packed, groups2) = outs
+    assert groups1 != groups2  # the packed run really ran fewer workgroups
+    assert np.isfinite(alone).all()
+    assert np.array_equal(alone.view(np.uint32), packed.view(np.uint32))
+    s.destroy()
+
+
 def test_visible_length_clamped_to_cache(ctx):
     """Queries whose visible range runs past the bound cache rows read only those rows."""
     s = Setup(ctx, "f16", 1)

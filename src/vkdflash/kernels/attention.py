@@ -73,7 +73,12 @@ def attention(graph, q_view, k_view, v_view, out_view, params_view, n_q: int, n_
     if -(-n_q // qt) > MAX_GROUPS:
         raise VkdflashError(f"attention takes at most {MAX_GROUPS * qt} queries per call, got {n_q}")
     rot = (q_rotation, float(rotation_scale(q_rotation)) if q_rotation else 1.0)
-    spec = (LANES, head_dim, kt.id, vt.id, g, qt) + rot + (int(shuffle_merge(graph.ctx.features)),)
+    merge = shuffle_merge(graph.ctx.features)
+    pk = pack(graph.ctx.features) if merge else 1
+    groups = [n_head // g, -(-n_q // qt)]
+    pack_y = n_q > 1  # queries pair up; a decode step pairs head groups
+    groups[pack_y] = -(-groups[pack_y] // pk)
+    spec = (LANES * pk, head_dim, kt.id, vt.id, g, qt) + rot + (int(merge), pk, int(pack_y))
     views = [q_view, k_view, v_view, out_view, params_view]
     texels = [texel_view(graph.ctx, v, f) for v, f in zip(views[:3], ("f32x4", "u32x4", "u32x4"))]
     if (prefers_texel_loads(graph.ctx.features) if texel is None else texel) and all(texels):
@@ -82,7 +87,7 @@ def attention(graph, q_view, k_view, v_view, out_view, params_view, n_q: int, n_
     else:
         pipe = graph.ctx.pipeline("flash_attn", 5, 32, spec)
     push = struct.pack("<7If", n_q, n_head, gqa, n_ctx, k_row // 2, v_row // 2, MASKS[mask], scale)
-    graph.dispatch(pipe, views, (n_head // g, -(-n_q // qt)), push,
+    graph.dispatch(pipe, views, tuple(groups), push,
                    label=f"flash_attn/{kt.name},{vt.name}" + (f",qrot{q_rotation}" if q_rotation else ""))
 
 
@@ -90,6 +95,15 @@ def shuffle_merge(features) -> bool:
     """The lanes' states merge by subgroup shuffles where a workgroup fits in one subgroup:
     on lavapipe, merging through shared memory cost more than the attention at 16 query rows."""
     return "shuffle" in features.subgroup_ops and features.subgroup_size >= LANES
+
+
+def pack(features) -> int:
+    """Groups of LANES lanes a workgroup holds (with the shuffle merge): CPU devices fill their
+    SIMD width (lavapipe at 512 bits: 16 lanes, so 2; 16 query rows at context 64: 331 -> 205 us alone). GPUs
+    keep 1 until measured there."""
+    if features.device_type != "cpu":
+        return 1
+    return max(1, min(4, features.subgroup_size // LANES))
 
 
 def tile(n_q: int, gqa: int, head_dim: int) -> tuple[int, int]:
