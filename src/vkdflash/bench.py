@@ -83,7 +83,7 @@ def model(m, n_prompt: int, n_gen: int) -> dict:
     vocab = m.hp.n_vocab
     prompt = np.random.default_rng(0).integers(0, vocab, n_prompt).tolist()
     m.reset()
-    m.forward(prompt[:8], greedy=True)  # warm-up: records and compiles the graphs both phases use
+    m.forward(prompt, greedy=True)  # warm-up: records and compiles the graphs both phases use
     m.forward(prompt[:1], greedy=True)
     m.reset()
     t0 = time.perf_counter()

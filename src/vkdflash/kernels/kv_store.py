@@ -95,7 +95,7 @@ def store_rows(graph, src_view, positions_view, cache_view, n_rows: int, row_len
     texels = [texel_view(ctx, src, "f32x4") for src, _ in pairs] \
         if prefers_texel_loads(ctx.features) and stride % 4 == 0 else [None]
     if all(texels):
-        pairs = [(t, cache) for t, (_, cache) in zip(texels, pairs)]
+        pairs = [(tv, cache) for tv, (_, cache) in zip(texels, pairs)]
     variant = "_texel" if all(texels) else ""
     if second and all(len(_pieces(ctx, n_ctx[0], rb, cache.offset)) == 1 for _, cache in pairs):
         (src, cache), (src_v, cache_v) = pairs
