@@ -29,6 +29,37 @@ TOPICS = ("recursion", "hash tables", "photosynthesis", "the water cycle", "bina
           "volcanoes", "regular expressions", "the immune system", "version control", "prime numbers")
 CHAT_FORMS = ("Explain {} in simple terms.", "Give me three facts about {}.", "Why is {} important?",
               "How would you teach {} to a child?", "Write a short paragraph about {}.")
+# The "varied" mix (round 6 on): short code starts of small everyday tasks, as people type them,
+# wider questions and story openers. None is one of the suite's prompts (src/vkdflash/suite.py).
+TASKS = (("reverse_words", "sentence", "Reverse the order of the words in a sentence"),
+         ("count_vowels", "text", "Count the vowels in a string"),
+         ("factorial", "n", "Compute n factorial"), ("fibonacci", "n", "Return the first n Fibonacci numbers"),
+         ("is_palindrome", "s", "Check whether a string reads the same backwards"),
+         ("flatten", "nested", "Flatten a nested list"), ("gcd", "a, b", "Greatest common divisor of two numbers"),
+         ("celsius_to_fahrenheit", "c", "Convert a temperature from Celsius to Fahrenheit"),
+         ("find_max", "numbers", "Find the largest number in a list"),
+         ("remove_duplicates", "items", "Remove duplicates from a list, keeping the order"),
+         ("write_lines", "path, lines", "Write a list of lines to a text file"),
+         ("average", "values", "Return the mean of a list of numbers"),
+         ("chunks", "items, size", "Split a list into chunks of a given size"),
+         ("capitalize_words", "text", "Capitalize the first letter of every word"),
+         ("count_lines", "path", "Count the lines in a file"), ("transpose", "matrix", "Transpose a matrix"),
+         ("quick_sort", "arr", "Sort a list with quicksort"), ("bubble_sort", "arr", "Sort a list with bubble sort"),
+         ("sum_digits", "n", "Sum the digits of a number"), ("to_binary", "n", "Convert an integer to binary"),
+         ("download", "url", "Download a web page"), ("parse_args", "", "Parse the command line arguments"),
+         ("matrix_multiply", "a, b", "Multiply two matrices"), ("word_lengths", "words", "Map each word to its length"))
+CLASSES = (("Queue", ""), ("BankAccount", ", owner, balance=0"), ("Rectangle", ", width, height"),
+           ("Node", ", value"), ("LinkedList", ""), ("Counter", ", start=0"), ("Student", ", name, grade"),
+           ("Timer", ""), ("Vector", ", x, y"), ("Inventory", ""), ("Circle", ", radius"), ("Library", ""))
+QUESTIONS = ("How do I {} in Python?", "What is the best way to {}?", "Can you show me how to {}?",
+             "Write a Python program to {}.")
+THINGS = ("What is {}?", "Tell me about {}.", "What are the main causes of {}?", "Summarize the history of {}.",
+          "What should I know about {}?")
+PLACES = ("Japan", "the Amazon rainforest", "the Roman Empire", "the Moon", "coffee", "the Olympic Games",
+          "electric cars", "the Internet", "honey bees", "the Great Wall of China", "jazz", "earthquakes")
+OPENERS = ("The door creaked open and", "Long ago, in a kingdom far away,", "On the first day of summer,",
+           "Nobody in the town believed", "The spaceship landed in the middle of", "When the storm finally passed,",
+           "Every night at midnight, the old clock", "Sam had never seen a", "Deep in the forest there lived")
 
 
 def stdlib_sources(rng: random.Random, limit: int = 400) -> list[tuple[str, str]]:
@@ -59,13 +90,45 @@ def docstrings(module: str, source: str) -> list[tuple[str, str]]:
     return out
 
 
-def prompt_mix(n: int, tok: Tokenizer, template: ChatTemplate, seed: int) -> list[tuple[str, list[int]]]:
-    """n (kind, token ids) prompts: ~35% code, ~20% facts, ~30% chat, ~15% stories."""
+def varied_prompt(rng: random.Random, tok: Tokenizer, template: ChatTemplate) -> tuple[str, list[int]]:
+    """One prompt of the "varied" mix's own kinds: short code starts (a function or class header,
+    maybe a docstring or a comment), how-to and general questions, story openers."""
+    r = rng.random()
+    name, args, what = rng.choice(TASKS)
+    if r < 0.45:
+        form = rng.randrange(4)
+        if form == 0:
+            text = f"def {name}({args}):\n"
+        elif form == 1:
+            text = f'def {name}({args}):\n    """{what}."""\n'
+        elif form == 2:
+            text = f"# {what}\n"
+        else:
+            cls, init_args = rng.choice(CLASSES)
+            text = f"class {cls}:\n    def __init__(self{init_args}):\n"
+        return "code", tok.encode(text)
+    if r < 0.85:
+        ask = (rng.choice(QUESTIONS).format(what[0].lower() + what[1:]) if rng.random() < 0.5
+               else rng.choice(THINGS).format(rng.choice(PLACES + TOPICS)))
+        return "chat", chat_prompt_ids(tok, template, [{"role": "user", "content": ask}])
+    return "story", tok.encode(rng.choice(OPENERS) + " ")
+
+
+def prompt_mix(n: int, tok: Tokenizer, template: ChatTemplate, seed: int,
+               varied: bool = False) -> list[tuple[str, list[int]]]:
+    """n (kind, token ids) prompts: ~35% code, ~20% facts, ~30% chat, ~15% stories; `varied`: half
+    of them from varied_prompt instead (the draws of the others stay as without it)."""
     rng = random.Random(seed)
     sources = stdlib_sources(rng)
     docs = [d for m, s in sources for d in docstrings(m, s)]
+    other = random.Random(seed + 1_000_003)
     out = []
     while len(out) < n:
+        if varied and other.random() < 0.5:
+            kind, ids = varied_prompt(other, tok, template)
+            if 4 <= len(ids):
+                out.append((kind, ids[:192]))
+            continue
         r = rng.random()
         if r < 0.35:
             _, src = rng.choice(sources)
