@@ -1,6 +1,6 @@
 """Train the shipped drafts for a target: data, then a DFlash draft and an MTP head.
 
-    python tools/train/run.py data   --out DIR [--prompts 1024] [--new 96]
+    python tools/train/run.py data   --out DIR [--prompts 1024] [--new 96] [--mix varied]
     python tools/train/run.py --threads 1 dflash --data DIR --out FILE.gguf [--steps 1100 --lr 4e-4]
     python tools/train/run.py --threads 1 mtp    --data DIR --out FILE.gguf [--steps 950 --lr 4e-4]
     python tools/train/run.py stamp FILE.gguf --suite-json S --strategy NAME [--cpu-speedup X]
