@@ -61,7 +61,7 @@ def test_bytes_match_gguf(ctx, cache_type, loads, monkeypatch):
     and 2-byte stores) store gguf's bytes."""
     if loads == "storage":
         import vkdflash.kernels.kv_store as kv_store
-        monkeypatch.setattr(kv_store, "prefers_texel_loads", lambda features: False)
+        monkeypatch.setattr(kv_store, "texel_views", lambda ctx, views, fmt="f32x4": None)
         monkeypatch.setattr(kv_store, "wide_stores", lambda t, offsets: False)
     x = edge_rows(128, 1)
     pos = np.arange(len(x))[::-1]

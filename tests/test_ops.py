@@ -156,7 +156,7 @@ def test_rope_texel_and_storage_variants_give_same_bits(ctx, monkeypatch, mode, 
         return got
 
     texel = run()
-    monkeypatch.setattr(rope_mod, "prefers_texel_loads", lambda features: False)
+    monkeypatch.setattr(rope_mod, "texel_views", lambda ctx, views, fmt="f32x4": None)
     storage = run()
     assert np.array_equal(texel[0], storage[0]) and np.array_equal(texel[1], storage[1])
     want = ops.rope(x, pos, 1e4, mode, n_rot=n_rot)

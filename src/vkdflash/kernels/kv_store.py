@@ -13,7 +13,7 @@ import struct
 import numpy as np
 
 from ..errors import VkdflashError
-from ..runtime.memory import as_view, pieces, prefers_texel_loads, texel_view
+from ..runtime.memory import as_view, pieces, texel_views
 from .hadamard import scale
 from .types import CACHE_TYPES, get_type
 
@@ -92,11 +92,10 @@ def store_rows(graph, src_view, positions_view, cache_view, n_rows: int, row_len
     label = f"set_rows.{t.name}" + (f".rot{rotation}" if rotation else "")
     push = struct.pack("<5I", n_rows, row_len, stride, 0, n_ctx[0])
     # texel variants: sources as vec4 texels (whole vec4s: row_len is a multiple of 32)
-    texels = [texel_view(ctx, src, "f32x4") for src, _ in pairs] \
-        if prefers_texel_loads(ctx.features) and stride % 4 == 0 else [None]
-    if all(texels):
+    texels = texel_views(ctx, [src for src, _ in pairs]) if stride % 4 == 0 else None
+    if texels:
         pairs = [(tv, cache) for tv, (_, cache) in zip(texels, pairs)]
-    variant = "_texel" if all(texels) else ""
+    variant = "_texel" if texels else ""
     if second and all(len(_pieces(ctx, n_ctx[0], rb, cache.offset)) == 1 for _, cache in pairs):
         (src, cache), (src_v, cache_v) = pairs
         graph.dispatch(ctx.pipeline("set_rows_kv" + variant, 5, 20, spec, (0, 3) if variant else ()),

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import rows
 from ..errors import VkdflashError
-from ..runtime.memory import prefers_texel_loads, texel_view
+from ..runtime.memory import texel_views
 
 MODES = ("normal", "neox")
 _tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # ctx -> {key: Buffer}
@@ -84,10 +84,9 @@ def rope(graph, x, positions, out, n_tokens: int, n_heads: int, head_dim: int, f
     wg = rows.workgroup(ctx)
     views = [x, positions, table, out, x2, out2]
     # texel variant: one lane per (token, 4 pairs), vec4 reads and writes
-    texels = [texel_view(ctx, v, "f32x4") for v in (x, x2)] \
-        if prefers_texel_loads(ctx.features) and head_dim % 8 == 0 and n_rot % 8 == 0 \
-        and out.offset % 16 == 0 and out2.offset % 16 == 0 else [None]
-    texel = all(texels)
+    texels = texel_views(ctx, (x, x2)) if head_dim % 8 == 0 and n_rot % 8 == 0 \
+        and out.offset % 16 == 0 and out2.offset % 16 == 0 else None
+    texel = texels is not None
     n_items = n_tokens * (head_dim // (8 if texel else 2))
     chunks = -(-n_items // wg)  # one lane per item, each looping over the heads
     if texel:

@@ -7,7 +7,7 @@ workgroups can be capped without changing any row's arithmetic."""
 from __future__ import annotations
 
 from ..errors import VkdflashError
-from ..runtime.memory import View, as_view, prefers_texel_loads, texel_view
+from ..runtime.memory import View, as_view, texel_views
 
 F32 = 4
 
@@ -62,7 +62,6 @@ def texel_inputs(ctx, *views: View) -> list | None:
     """The `_sg_texel` variant's inputs (vec4 texel views) where it applies: a one-subgroup
     workgroup (no barrier code at all), a device that prefers texel loads, and views it can bind
     as texels (whole vec4 rows checked by the caller). None: take the storage-buffer variant."""
-    if workgroup(ctx) != max(1, ctx.features.subgroup_size) or not prefers_texel_loads(ctx.features):
+    if workgroup(ctx) != max(1, ctx.features.subgroup_size):
         return None
-    texels = [texel_view(ctx, v, "f32x4") for v in views]
-    return texels if all(texels) else None
+    return texel_views(ctx, views)

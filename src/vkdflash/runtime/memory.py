@@ -136,6 +136,15 @@ def texel_view(ctx, x, fmt: str) -> TexelView | None:
     return TexelView(v.buffer, v.offset, v.size // size * size, fmt)
 
 
+def texel_views(ctx, views, fmt: str = "f32x4") -> list | None:
+    """Every view as texels of `fmt` where the device prefers texel loads and can bind them all;
+    else None (the caller takes its storage-buffer variant)."""
+    if not prefers_texel_loads(ctx.features):
+        return None
+    texels = [texel_view(ctx, v, fmt) for v in views]
+    return texels if all(texels) else None
+
+
 def as_view(x) -> View:
     return x if isinstance(x, View) else x.view()
 
