@@ -7,7 +7,7 @@
 // keeps the compiler from contracting some copies into fma and not others.
 // Shape: SPLIT lanes share a weight row (1: each lane walks its row alone, best on lavapipe),
 // each lane keeps NJ activation rows, so weights are read once per NJ activations, and R
-// weight rows, so each x chunk loaded serves R rows.
+// consecutive weight rows, so each x chunk loaded serves R rows.
 // lavapipe facts behind the load paths: a storage-buffer load costs a per-lane loop, so
 // 16-byte loads (WIDE) read ~2.5x faster than 4-byte ones, and loading an x chunk once per
 // subgroup and shuffling it (XBCAST) beats every lane loading the same x; with 16 lanes, one
@@ -44,6 +44,8 @@ layout(constant_id = 7) const uint JROLL = 0u;   // 1: a rolled loop over the NJ
 layout(constant_id = 8) const uint R = 1u;       // weight rows per lane (WIDE, 32-value blocks)
 layout(constant_id = 9) const uint TILE = 1u;    // rows per interleaved tile of W (and U)
 layout(constant_id = 10) const uint ISLOTS = 1u; // most slots (NJ) decoding and summing interleaved
+layout(constant_id = 11) const uint VEC = 0u;    // 1: a lane's output rows are stored as one vector
+                                                 // (host: RO 2 or 4 dividing rows, row0, segments)
 
 #ifdef TEXEL
 layout(binding = 0) uniform usamplerBuffer w_tex;  // u32x4 texels (wide path), else u32
@@ -74,6 +76,8 @@ const bool GLU_ON = false;
 uvec4 u128(uint i) { return uvec4(0u); }
 #endif
 layout(binding = 2) buffer Y { float y[]; };
+layout(binding = 2) buffer Y2 { vec2 y2[]; };
+layout(binding = 2) buffer Y4 { vec4 y4[]; };
 layout(push_constant) uniform Push {
     uint rows;      // weight rows in this piece
     uint cols;
@@ -340,7 +344,7 @@ void main() {
     uint nblk = p.cols / QK, xrow = p.cols / 4u;
     uint r[RL], row16[RL];  // row16: the row's first 16-byte word
     [[unroll]] for (uint i = 0u; i < RL; i++) {
-        r[i] = (gl_WorkGroupID.x * RO + i % RO) * RPG + lane / SPLIT;
+        r[i] = (gl_WorkGroupID.x * RPG + lane / SPLIT) * RO + i % RO;
         // dead lanes read a real row and store nothing
         uint rr = min(r[i], p.rows - 1u);
         row16[i] = rr / TILE * TILE * (p.stride / 16u) + rr % TILE;
@@ -382,14 +386,31 @@ void main() {
             [[unroll]] for (uint jj = 0u; jj < NJ; jj++)
                 for (uint m = 1u; m < SPLIT; m <<= 1) acc[i][jj] = acc[i][jj] + subgroupShuffleXor(acc[i][jj], m);
     }
-    [[unroll]] for (uint i = 0u; i < RO; i++) {
-        if (part == 0u && r[i] < p.rows) {
-            [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
-                uint j = gl_WorkGroupID.y * NJ + jj;
+    // A lane's RO rows are consecutive, so with VEC one store writes them all: lavapipe runs
+    // each store as a loop over the lanes with stack round trips per value, and at 16 rows the
+    // per-float stores held ~9% of the pass (16-row SmolLM2 pass 87 -> 80 ms).
+    bool add = p.acc != 0u;
+    [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
+        uint j = gl_WorkGroupID.y * NJ + jj;
+        float v[RO];
+        [[unroll]] for (uint i = 0u; i < RO; i++) {
+            // silu(g) * u spelled as elementwise.comp's swiglu, so the bits match it
+            float g = acc[i][jj];
+            v[i] = GLU_ON ? g / (1.0 + exp(-g)) * acc[GLU_ON ? i + RO : i][jj] : g;
+        }
+        if (part != 0u || j >= p.n) continue;
+        if (VEC != 0u && RO == 4u) {
+            uint at = y_index(j, p.row0 + r[0]) / 4u;
+            vec4 o = vec4(v[0], v[1 % RO], v[2 % RO], v[3 % RO]);
+            if (r[0] < p.rows) y4[at] = add ? y4[at] + o : o;
+        } else if (VEC != 0u && RO == 2u) {
+            uint at = y_index(j, p.row0 + r[0]) / 2u;
+            vec2 o = vec2(v[0], v[1 % RO]);
+            if (r[0] < p.rows) y2[at] = add ? y2[at] + o : o;
+        } else {
+            [[unroll]] for (uint i = 0u; i < RO; i++) {
                 uint at = y_index(j, p.row0 + r[i]);
-                // silu(g) * u spelled as elementwise.comp's swiglu, so the bits match it
-                float g = acc[i][jj], v = GLU_ON ? g / (1.0 + exp(-g)) * acc[GLU_ON ? i + RO : i][jj] : g;
-                if (j < p.n) y[at] = p.acc != 0u ? y[at] + v : v;
+                if (r[i] < p.rows) y[at] = add ? y[at] + v[i] : v[i];
             }
         }
     }

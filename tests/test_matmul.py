@@ -292,6 +292,31 @@ def test_accumulate_is_matmul_then_add_bitwise(ctx, n):
         b.destroy()
 
 
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_vector_and_float_stores_agree_bitwise(ctx, accumulate):
+    """A lane stores its consecutive output rows as one vector only when every group of them is
+    whole (12 rows); 13 rows take the per-float stores, with a partial group at the end. The
+    rows both compute must match bitwise, at the 1-row and the batched kernel shapes."""
+    cols, n = 256, 16
+    r = np.random.default_rng(9)
+    raw = ref.random_blocks(r, "q4_1", 13, cols)
+    x = r.uniform(-1, 1, (n, cols)).astype(np.float32)
+    y0 = r.uniform(-1, 1, (n, 13)).astype(np.float32)
+    ws = [Weight(ctx, "q4_1", rows, cols, raw[:rows]) for rows in (12, 13)]
+    xb = ctx.upload(x)
+    outs = {(rows, m): ctx.upload(np.ascontiguousarray(y0[:m, :rows])) for rows in (12, 13) for m in (1, n)}
+    g = Graph(ctx)
+    for (rows, m), yb in outs.items():
+        matmul(g, ws[rows - 12], xb, yb, m, accumulate=accumulate)
+    g.run()
+    for m in (1, n):
+        vec, flt = (outs[rows, m].read(np.float32).reshape(m, rows) for rows in (12, 13))
+        assert np.array_equal(vec.view(np.uint32), flt[:, :12].view(np.uint32)), f"n={m}"
+    assert np.array_equal(outs[13, 1].read(np.float32).view(np.uint32), outs[13, n].read(np.float32)[:13].view(np.uint32))
+    for b in (g, xb, *ws, *outs.values()):
+        b.destroy()
+
+
 @pytest.mark.parametrize("tname, fused", [("q4_1", True), ("q8_0", True), ("q6_k", False)])
 def test_glu_is_two_matmuls_and_swiglu_bitwise(ctx, tname, fused):
     """The fused gate/up/swiglu dispatch gives the bits of the three separate kernels, for the

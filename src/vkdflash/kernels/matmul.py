@@ -169,12 +169,15 @@ def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulC
         bound = [tex.get(i, v) for i, v in enumerate(bound)]
     shader = "mul_mat" + ("_texel" if texel else "") + ("_glu" if up_piece else "")
     texels = texels if texel else ()
+    rows_out = rl // 2 if up_piece else rl
+    # one vector store per activation row and lane: every group of rows_out outputs is whole
+    # and 4-byte words of one output matrix at a multiple of rows_out
+    vec = rows_out in (2, 4) and all(v % rows_out == 0 for v in (piece.rows, piece.first_row, *segments[0], *segments[1]))
     # paired x loads need two slots (with one, lavapipe's code for XBCAST 2 ran 50x slower)
     spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, min(cfg.xbcast, nj), tail,
-            int(cfg.rolled_slots), rl, weight.tile, cfg.islots)
+            int(cfg.rolled_slots), rl, weight.tile, cfg.islots, int(vec))
     pipe = ctx.pipeline(shader, len(bound), 48, spec, texels)
     push = struct.pack("<12I", piece.rows, weight.cols, n, piece.first_row, weight.stride, *segments[0], *segments[1],
                        int(accumulate))
-    rows_out = rl // 2 if up_piece else rl
     graph.dispatch(pipe, bound, (-(-piece.rows // (cfg.rows_per_group * rows_out)), groups_y), push,
                    barrier=piece is weight.pieces[0], label=f"mul_mat{'_glu' if up_piece else ''}/{weight.ttype.name}")
