@@ -238,7 +238,16 @@ def test_watchdog_warns_once_when_acceptance_falls_far_below_the_record(target, 
     warned = [r.getMessage() for r in caplog.records if "far below" in r.getMessage()]
     assert len(warned) == 1
     assert "first-draft acceptance 0.00" in warned[0] and "0.90" in warned[0]
-    assert "K f16, V f16" in warned[0] and "rotation on" in warned[0]
+    assert "likely cause: prompts unlike its training data" in warned[0] and "K f16, V f16" in warned[0]
+    caplog.clear()
+    options = StrategyOptions(draft_max=2, cache_type_k="q4_0", rotate=False)
+    with caplog.at_level(logging.WARNING, logger="vkdflash"):
+        spec = Speculator(model, "test", lambda ctx: Recorded(0.9), options, SpecStats())
+        list(generate(model, tok, PROMPT, 60, Sampler(temp=0.7, seed=1), (), Stats(), spec))
+        spec.close()
+    warned = [r.getMessage() for r in caplog.records if "far below" in r.getMessage()]
+    assert len(warned) == 1 and "the quantized draft cache (K q4_0, V f16, KV rotation OFF)" in warned[0]
+    assert "sampling at T 0.7 (the record is greedy)" in warned[0] and "or prompts unlike" in warned[0]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="vkdflash"):
         run(model, tok, lambda ctx: Recorded(None), n=60, draft_max=2)  # no record: nothing to compare

@@ -182,11 +182,23 @@ class Speculator:
         live = st.per_position[0] / st.steps
         if live < WATCH_RATIO * expected:
             self._warned = True
-            o = self.ctx.options
             log.warning("%s: first-draft acceptance %.2f after %d steps is far below the %.2f this draft measured "
-                        "on its suite; likely causes: the draft cache types (K %s, V %s), KV rotation %s, sampling "
-                        "at T %.2g, or prompts unlike its training data", st.strategy, live, st.steps, expected,
-                        o.cache_type_k, o.cache_type_v, "on" if o.rotate else "OFF", self.ctx.temperature)
+                        "on its suite; %s", st.strategy, live, st.steps, expected, self._suspects())
+
+    def _suspects(self) -> str:
+        """The causes that apply: what differs from how a draft's record is measured (f16 draft
+        caches, greedy); the prompts can always be unlike the training data."""
+        o, temp = self.ctx.options, self.ctx.temperature
+        caches = f"K {o.cache_type_k}, V {o.cache_type_v}"
+        causes = []
+        if {o.cache_type_k, o.cache_type_v} - {"f32", "f16", "bf16"}:
+            causes.append(f"the quantized draft cache ({caches}, KV rotation {'on' if o.rotate else 'OFF'})")
+        if temp > 0:
+            causes.append(f"sampling at T {temp:.2g} (the record is greedy)")
+        if not causes:
+            return (f"likely cause: prompts unlike its training data (draft cache {caches}, KV rotation "
+                    f"{'on' if o.rotate else 'OFF'}, greedy: as the record was measured)")
+        return f"likely causes: {', '.join(causes)}, or prompts unlike its training data"
 
     def _timed_inject(self, call, what: str) -> float:
         t0 = time.perf_counter()
