@@ -61,8 +61,7 @@ def main(server, draft, n_prompts, n_gen, port, threads):
     tok = Tokenizer(mf.metadata)
     template = ChatTemplate.from_metadata(mf.metadata, tok)
     prompts = PROMPTS[:n_prompts]
-    # token ids, not text: the two tokenizers split "def is_prime(n):\n" differently, and then
-    # the targets continue differently and the acceptances describe different texts
+    # token ids, not text: both engines see the same input whatever their tokenizers do
     ids = [prompt_ids(p, tok, template) for p in prompts]
     proc = subprocess.Popen([server, "-m", target, "-md", draft, "--spec-type", "draft-dflash",
                              "--spec-draft-n-max", str(k), "-c", "2048", "-t", str(threads), "--port", str(port),
