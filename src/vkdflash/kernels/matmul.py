@@ -48,14 +48,16 @@ def config_for(features) -> MatmulConfig:
     if features.device_type == "cpu":
         # texel loads made weight reads cheap, so n > 1 pays mostly per activation row: 8 rows
         # a slot and 4 weight rows a lane measured best (16-row SmolLM2 matmuls 4.0x a 1-row
-        # pass, against 5.0x with nj 4 and 2 rows); 2 rows a lane for n = 1. n = 2 interleaves
-        # its two slots with the decode: its matmuls 5-8% faster at 256 and 512 bits, n = 4 alike.
+        # pass, against 5.0x with nj 4 and 2 rows). n = 1: 2 rows a lane on 8 lanes; 4 on 16
+        # since the vector stores (the 1-row pass 32.5-34.8 -> 27.2-30.3 ms; on 8 lanes the
+        # same). n = 2 interleaves its two slots with the decode: its matmuls 5-8% faster at 256
+        # and 512 bits, n = 4 alike.
         # 16 lanes load two slots' x chunks at once: the GLU at 16 rows 18% faster alone.
         # 16 slots an invocation: a 16-row pass decodes each weight once (LM head 20.6 -> 17.5
         # ms; the pass 2.9-3.1x -> 2.8x a 1-row pass)
         xbcast = 2 if sg >= 16 else int(sg >= 8)
-        return MatmulConfig(workgroup=sg, split=1, nj=16, xbcast=xbcast, rows_matvec=2, rows_batch=4,
-                            texel=prefers_texel_loads(features), islots=2)
+        return MatmulConfig(workgroup=sg, split=1, nj=16, xbcast=xbcast, rows_matvec=4 if sg >= 16 else 2,
+                            rows_batch=4, texel=prefers_texel_loads(features), islots=2)
     split = min(sg, 32)
     return MatmulConfig(workgroup=max(64, split), split=split, nj=8, xbcast=0)
 
