@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import VkdflashError
+from ..kernels.types import get_type
 from .controller import DraftController
 from .stats import SpecStats
 from .strategy import Proposal, StrategyContext
@@ -189,15 +190,15 @@ class Speculator:
         """The causes that apply: what differs from how a draft's record is measured (f16 draft
         caches, greedy); the prompts can always be unlike the training data."""
         o, temp = self.ctx.options, self.ctx.temperature
-        caches = f"K {o.cache_type_k}, V {o.cache_type_v}"
+        caches = f"K {o.cache_type_k}, V {o.cache_type_v}, KV rotation {'on' if o.rotate else 'OFF'}"
         causes = []
-        if {o.cache_type_k, o.cache_type_v} - {"f32", "f16", "bf16"}:
-            causes.append(f"the quantized draft cache ({caches}, KV rotation {'on' if o.rotate else 'OFF'})")
+        if any(get_type(t).quantized for t in (o.cache_type_k, o.cache_type_v)):
+            causes.append(f"the quantized draft cache ({caches})")
         if temp > 0:
             causes.append(f"sampling at T {temp:.2g} (the record is greedy)")
         if not causes:
-            return (f"likely cause: prompts unlike its training data (draft cache {caches}, KV rotation "
-                    f"{'on' if o.rotate else 'OFF'}, greedy: as the record was measured)")
+            return (f"likely cause: prompts unlike its training data (draft cache {caches}, greedy: as the "
+                    "record was measured)")
         return f"likely causes: {', '.join(causes)}, or prompts unlike its training data"
 
     def _timed_inject(self, call, what: str) -> float:
