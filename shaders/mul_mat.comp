@@ -224,14 +224,36 @@ vec4 chunk_q(uint o, uint sub, uint k) {
     return vec4(0.0);
 }
 
-// One step of a chunk's dot product: s += q . x over 4 values, as fma in column order, and
-// t += the 4 x values. Every path runs the same chains of 32 steps per chunk and combines them
-// the same way, so a result never depends on n, the slot, NJ, R or the load path.
+// One step of a chunk's dot product: s += q . x over 4 values, as fma in column order. Every
+// path runs the same chains of 32 steps per chunk and combines them the same way, so a result
+// never depends on n, the slot, NJ, R or the load path.
 void dot4(inout precise float s, vec4 q, vec4 x) {
     s = fma(q.x, x.x, s); s = fma(q.y, x.y, s); s = fma(q.z, x.z, s); s = fma(q.w, x.w, s);
 }
-void sum4(inout precise float t, vec4 x) {
-    t = t + x.x; t = t + x.y; t = t + x.z; t = t + x.w;
+// t, the sum of a chunk's 32 x values, in the one order every path uses: each vec4 as
+// (x + y) + (z + w), then the 8 vec4 sums as a tree. It serves all rows, so XBCAST lanes, which
+// hold one vec4 of the chunk each, reduce it by 3 XOR shuffles: 32 adds a slot were ~4% of a
+// 16-row pass.
+float sum4(vec4 x) {
+    precise float a = x.x + x.y, b = x.z + x.w, r = a + b;
+    return r;
+}
+float tree8(float p[8]) {
+    precise float r = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+    return r;
+}
+// lane l holds vec4 l % 8 of a chunk: each of the 8 lanes ends with tree8 of the chunk
+// (a + b == b + a bitwise, so both lanes of a pair hold the same bits)
+float lanes_sum(vec4 mine) {
+    precise float t = sum4(mine);
+    t = t + subgroupShuffleXor(t, 1u);
+    t = t + subgroupShuffleXor(t, 2u);
+    t = t + subgroupShuffleXor(t, 4u);
+    return t;
+}
+// slot jj's t from lanes_sum of its XBCAST load (lanes 8 (jj % XB) .. hold it)
+float slot_sum(float tl, uint jj) {
+    return XB == 1u ? tl : subgroupShuffle(tl, 8u * (jj % XB));
 }
 // acc + the chunk's dot product A * s + B * t
 float combine(float acc, float A, float B, float s, float t) {
@@ -279,12 +301,13 @@ void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[
             [[dont_unroll]] for (uint jj = 0u; jj < NJ; jj++) {
                 vec4 xs[8];
                 load_x(xj[jj] + xb, xs);
-                precise float s = 0.0, t = 0.0;
+                precise float s = 0.0;
+                float p[8];
                 [[unroll]] for (uint k = 0u; k < 8u; k++) {
                     dot4(s, q[k], xs[k]);
-                    if (OFFSET) sum4(t, xs[k]);
+                    p[k] = sum4(xs[k]);
                 }
-                acc[0][jj] = combine(acc[0][jj], A[0], B[0], s, t);
+                acc[0][jj] = combine(acc[0][jj], A[0], B[0], s, OFFSET ? tree8(p) : 0.0);
             }
         } else if (NJ > ISLOTS) {
             // every row's chunk decoded once (spilled: it serves NJ slots), then slot by slot
@@ -296,26 +319,36 @@ void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[
                 [[unroll]] for (uint k = 0u; k < 8u; k++) q[i][k] = chunk_q(o, sub, k);
             }
             vec4 mine = vec4(0.0);
+            float tl = 0.0;
             [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
-                if (XBCAST != 0u && jj % XB == 0u) mine = x_slots(xj, jj, xb);
-                precise float s[RL], t = 0.0;
+                if (XBCAST != 0u && jj % XB == 0u) {
+                    mine = x_slots(xj, jj, xb);
+                    if (OFFSET) tl = lanes_sum(mine);
+                }
+                precise float s[RL];
+                float p[8];
                 [[unroll]] for (uint k = 0u; k < 8u; k++) {
                     vec4 xk = XBCAST != 0u ? subgroupShuffle(mine, 8u * (jj % XB) + k) : x4(xj[jj] + xb + k);
-                    if (OFFSET) sum4(t, xk);
+                    p[k] = sum4(xk);
                     [[unroll]] for (uint i = 0u; i < RL; i++) {
                         if (k == 0u) s[i] = 0.0;
                         dot4(s[i], q[i][k], xk);
                     }
                 }
+                float t = !OFFSET ? 0.0 : XBCAST != 0u ? slot_sum(tl, jj) : tree8(p);
                 [[unroll]] for (uint i = 0u; i < RL; i++) acc[i][jj] = combine(acc[i][jj], A[i], B[i], s[i], t);
             }
         } else {
             // one slot (or up to ISLOTS): 4 values of every row's chunk decoded at a time, then
             // that step of every row's chain, so nothing spills
             vec4 mine[NJ];
+            float tl[NJ], p[NJ][8];
             if (XBCAST != 0u)
-                [[unroll]] for (uint jj = 0u; jj < NJ; jj += XB) mine[jj] = x_slots(xj, jj, xb);
-            precise float s[RL][NJ], t[NJ];
+                [[unroll]] for (uint jj = 0u; jj < NJ; jj += XB) {
+                    mine[jj] = x_slots(xj, jj, xb);
+                    if (OFFSET) tl[jj] = lanes_sum(mine[jj]);
+                }
+            precise float s[RL][NJ];
             [[unroll]] for (uint k = 0u; k < 8u; k++) {
                 vec4 q[RL];
                 [[unroll]] for (uint i = 0u; i < RL; i++) {
@@ -324,8 +357,7 @@ void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[
                 }
                 [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
                     vec4 xk = XBCAST != 0u ? subgroupShuffle(mine[jj - jj % XB], 8u * (jj % XB) + k) : x4(xj[jj] + xb + k);
-                    if (k == 0u) t[jj] = 0.0;
-                    if (OFFSET) sum4(t[jj], xk);
+                    p[jj][k] = sum4(xk);
                     [[unroll]] for (uint i = 0u; i < RL; i++) {
                         if (k == 0u) s[i][jj] = 0.0;
                         dot4(s[i][jj], q[i], xk);
@@ -333,7 +365,10 @@ void chunks(uint c0, uint count, uint xb0, uint xj[NJ], inout precise float acc[
                 }
             }
             [[unroll]] for (uint i = 0u; i < RL; i++)
-                [[unroll]] for (uint jj = 0u; jj < NJ; jj++) acc[i][jj] = combine(acc[i][jj], A[i], B[i], s[i][jj], t[jj]);
+                [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
+                    float t = !OFFSET ? 0.0 : XBCAST != 0u ? slot_sum(tl[jj - jj % XB], jj) : tree8(p[jj]);
+                    acc[i][jj] = combine(acc[i][jj], A[i], B[i], s[i][jj], t);
+                }
         }
     }
 }

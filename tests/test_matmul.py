@@ -96,6 +96,36 @@ def test_other_shapes_invariant(ctx, shape, tname):
     assert np.sum((got1 - want) ** 2) / np.sum(want ** 2) < 5e-4
 
 
+@pytest.mark.parametrize("tname", ["q4_1", "q5_0", "q8_0"])
+def test_load_paths_give_same_bits(ctx, tname):
+    """The shuffled x loads (lanes sum a chunk's x by XOR shuffles), per-lane x loads, and a
+    rolled slot loop give the same bits at n = 1, 3 and 16: every path sums a chunk's x in
+    one tree order."""
+    sg = ctx.features.subgroup_size
+    base = config_for(ctx.features)
+    if not base.xbcast:
+        pytest.skip("the device's shape loads x per lane already")
+    rows, cols = 16, 256
+    r = np.random.default_rng(12)
+    raw = ref.random_blocks(r, tname, rows, cols)
+    w = Weight(ctx, tname, rows, cols, raw)
+    x = r.uniform(-1, 1, (16, cols)).astype(np.float32)
+    configs = [base, dataclasses.replace(base, xbcast=0), MatmulConfig(sg, 1, 8, 0, rolled_slots=True)]
+    xb = ctx.upload(x)
+    ys = {(n, k): ctx.buffer(n * rows * 4) for n in (1, 3, 16) for k in range(len(configs))}
+    g = Graph(ctx)
+    for (n, k), yb in ys.items():
+        matmul(g, w, xb, yb, n, configs[k])
+    g.run()
+    got = {key: yb.read(np.uint32) for key, yb in ys.items()}
+    for yb in ys.values():
+        yb.destroy()
+    g.destroy(), xb.destroy(), w.destroy()
+    for n in (1, 3, 16):
+        for k in range(1, len(configs)):
+            assert np.array_equal(got[n, 0], got[n, k]), f"n={n}: {configs[k]} differs from {base}"
+
+
 @pytest.mark.parametrize("tname", ["q4_1", "q8_0", "q6_k", "f16"])
 def test_row_tiles_are_invisible(ctx, tname):
     """The interleaved layout (kernels/weights.py) changes no bit of mul_mat or get_rows, on the
