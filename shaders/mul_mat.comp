@@ -23,10 +23,16 @@
 // GLU variants: y = silu(W x) * (U x), U (binding 3) the up projection of the same type and
 // shape as W (gate); R rows a lane are R/2 gate rows and the same R/2 rows of U, so the FFN's
 // gate, up and swiglu are one dispatch.
+// ROPE variants: output segments 0 and 1 (Q and K of a QKV matmul) leave RoPE'd (normal mode,
+// rope.comp's arithmetic, the same bits): a lane's vector of consecutive outputs holds whole
+// pairs. NJ <= subgroup size. Without its 30 rope dispatches a decode step takes ~2 ms less wall
+// time on lavapipe, four times their GPU time: each dispatch costs lavapipe's thread pool too.
 //! variant mul_mat
 //! variant mul_mat_texel TEXEL=1
 //! variant mul_mat_glu GLU=1
 //! variant mul_mat_texel_glu TEXEL=1 GLU=1
+//! variant mul_mat_rope ROPE=1
+//! variant mul_mat_texel_rope TEXEL=1 ROPE=1
 #extension GL_KHR_shader_subgroup_shuffle : enable
 #include "common.glsl"
 #include "types.glsl"
@@ -69,6 +75,11 @@ layout(binding = 3) readonly buffer U4 { uvec4 u128_[]; };
 uvec4 u128(uint i) { return u128_[i]; }
 #endif
 #endif
+#ifdef ROPE
+#include "rope.glsl"
+layout(binding = 3) readonly buffer Pos { int pos[]; };     // per activation row
+layout(binding = 4) readonly buffer Freq { uvec2 freq[]; }; // per pair (kernels/rope.py's table)
+#endif
 #ifdef GLU
 const bool GLU_ON = true;
 #else
@@ -91,6 +102,9 @@ layout(push_constant) uniform Push {
     // each specialization is one more kernel to compile (lavapipe: 0.2-0.4 s), and the branch
     // is taken once per output
     uint acc;
+#ifdef ROPE
+    uint head_dim, half_rot;  // of the heads in segments 0 and 1
+#endif
 } p;
 
 // y index of output feature f of activation row j
@@ -424,6 +438,16 @@ void main() {
     // A lane's RO rows are consecutive, so with VEC one store writes them all: lavapipe runs
     // each store as a loop over the lanes with stack round trips per value, and at 16 rows the
     // per-float stores held ~9% of the pass (16-row SmolLM2 pass 87 -> 80 ms).
+#ifdef ROPE
+    // pairs (2i, 2i + 1) of a head turn by pos * freq_i (i < half_rot), in Q and K only. Loads
+    // are per-lane loops on lavapipe: each lane loads its pairs' angles and one slot's position
+    // once, and the slots take theirs by shuffle
+    const uint f0 = p.row0 + r[0], fs = f0 - (f0 < p.end0 ? 0u : p.end0);
+    const uint pair0 = fs % p.head_dim / 2u;
+    uvec2 fq[RO / 2u];
+    [[unroll]] for (uint k = 0u; k < RO / 2u; k++) fq[k] = freq[min(pair0 + k, p.half_rot - 1u)];
+    const int lane_pos = pos[min(gl_WorkGroupID.y * NJ + gl_SubgroupInvocationID % NJ, p.n - 1u)];
+#endif
     bool add = p.acc != 0u;
     [[unroll]] for (uint jj = 0u; jj < NJ; jj++) {
         uint j = gl_WorkGroupID.y * NJ + jj;
@@ -433,6 +457,17 @@ void main() {
             float g = acc[i][jj];
             v[i] = GLU_ON ? g / (1.0 + exp(-g)) * acc[GLU_ON ? i + RO : i][jj] : g;
         }
+#ifdef ROPE
+        const int pj = subgroupShuffle(lane_pos, jj);
+        [[unroll]] for (uint i = 0u; i + 1u < RO; i += 2u) {
+            if (f0 < p.end1 && pair0 + i / 2u < p.half_rot) {
+                vec2 sc = sincos_turns(pj, fq[i / 2u]);
+                precise float r0 = v[i] * sc.y - v[i + 1u] * sc.x, r1 = v[i] * sc.x + v[i + 1u] * sc.y;
+                v[i] = r0;
+                v[i + 1u] = r1;
+            }
+        }
+#endif
         if (part != 0u || j >= p.n) continue;
         if (VEC != 0u && RO == 4u) {
             uint at = y_index(j, p.row0 + r[0]) / 4u;

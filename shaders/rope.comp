@@ -10,6 +10,7 @@
 //! variant rope
 //! variant rope_texel TEXEL=1
 #include "common.glsl"
+#include "rope.glsl"
 
 layout(constant_id = 1) const bool NEOX = false;
 
@@ -28,28 +29,6 @@ layout(binding = 5) writeonly buffer Y2 { float y2[]; };
 #endif
 layout(push_constant) uniform Push { uint n_tokens; uint n_heads; uint half_dim; uint half_rot; uint n_heads2; } p;
 
-// (sin, cos) of 2pi * pos * f, with f a fraction of a turn in 0.64 fixed point. The product is
-// exact modulo one turn, so large positions lose nothing to range reduction; the remainder
-// around the nearest quarter turn (|a| <= pi/4) goes through Cephes' sinf/cosf polynomials,
-// which unlike the built-in sin/cos have a precision the Vulkan spec does not leave open.
-vec2 sincos_turns(int position, uvec2 f) {
-    const uint a = uint(abs(position));
-    uint hi, lo;
-    umulExtended(a, f.x, hi, lo);
-    hi += a * f.y;                              // modulo 2^32: whole turns drop out
-    const uint q = (hi + 0x20000000u) >> 30;    // nearest quarter turn
-    const int r = int(hi - (q << 30));          // remainder, units of 2^-32 turn
-    const float t = (float(r) + float(lo) * 2.3283064365386963e-10) * 1.4629180792671596e-9;
-    const float z = t * t;
-    const float s = t + t * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * -1.9515295891e-4));
-    const float c = 1.0 - 0.5 * z + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3
-                                                                           + z * 2.443315711809948e-5));
-    vec2 sc = (q & 1u) != 0u ? vec2(c, -s) : vec2(s, c);
-    if ((q & 2u) != 0u) sc = -sc;
-    if (position < 0) sc.x = -sc.x;
-    return sc;
-}
-
 #ifdef TEXEL
 // Pairs 4q..4q+3 turned by sc[0..3]: normal mode holds them in vec4s a, b (elements 8q..8q+7),
 // NEOX holds their first elements in a and their partners in b.
@@ -58,12 +37,13 @@ void turn(inout vec4 a, inout vec4 b, const vec2 sc[4], const bool rotated) {
     if (NEOX) {
         const vec4 s = vec4(sc[0].x, sc[1].x, sc[2].x, sc[3].x), c = vec4(sc[0].y, sc[1].y, sc[2].y, sc[3].y);
         const vec4 x0 = a, x1 = b;
-        a = x0 * c - x1 * s;
-        b = x0 * s + x1 * c;
+        precise vec4 r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+        a = r0;
+        b = r1;
     } else {
         const vec4 x0 = vec4(a.xz, b.xz), x1 = vec4(a.yw, b.yw);
         const vec4 s = vec4(sc[0].x, sc[1].x, sc[2].x, sc[3].x), c = vec4(sc[0].y, sc[1].y, sc[2].y, sc[3].y);
-        const vec4 r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+        precise vec4 r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
         a = vec4(r0.x, r1.x, r0.y, r1.y);
         b = vec4(r0.z, r1.z, r0.w, r1.w);
     }
@@ -105,14 +85,16 @@ void main() {
         uint base = token * p.n_heads * head_dim;
         for (uint h = 0u; h < p.n_heads; h++, base += head_dim) {
             const float x0 = x[base + i0], x1 = x[base + i1];
-            y[base + i0] = rotated ? x0 * sc.y - x1 * sc.x : x0;
-            y[base + i1] = rotated ? x0 * sc.x + x1 * sc.y : x1;
+            precise float r0 = x0 * sc.y - x1 * sc.x, r1 = x0 * sc.x + x1 * sc.y;
+            y[base + i0] = rotated ? r0 : x0;
+            y[base + i1] = rotated ? r1 : x1;
         }
         base = token * p.n_heads2 * head_dim;
         for (uint h = 0u; h < p.n_heads2; h++, base += head_dim) {
             const float x0 = x2[base + i0], x1 = x2[base + i1];
-            y2[base + i0] = rotated ? x0 * sc.y - x1 * sc.x : x0;
-            y2[base + i1] = rotated ? x0 * sc.x + x1 * sc.y : x1;
+            precise float r0 = x0 * sc.y - x1 * sc.x, r1 = x0 * sc.x + x1 * sc.y;
+            y2[base + i0] = rotated ? r0 : x0;
+            y2[base + i1] = rotated ? r1 : x1;
         }
     }
 }

@@ -191,6 +191,43 @@ def test_split_output_is_three_matmuls(ctx, tname):
     whole.destroy(), x.destroy()
 
 
+@pytest.mark.parametrize("tname, n_rot", [("q4_1", None), ("f16", 8)])
+def test_split_with_rope_is_split_then_rope_bitwise(ctx, tname, n_rot):
+    """RoPE applied as a QKV matmul stores Q and K gives rope()'s bits, V untouched, at every slot
+    count (n = 1 and 2 fuse by default on CPU devices; a config fusing up to 16 slots checks the
+    kernel there); where it declines it says so and the caller's rope makes the same bits."""
+    from vkdflash.kernels.rope import rope, store_rope
+    hd, nq, nk, nv = 16, 4, 2, 2  # head_dim; Q, K, V heads
+    rows, cols, nmax = (nq * hd, nk * hd, nv * hd), 64, 16
+    r = np.random.default_rng(21)
+    w = Weight(ctx, tname, sum(rows), cols, ref.random_blocks(r, tname, sum(rows), cols))
+    x = ctx.upload(r.uniform(-1, 1, (nmax, cols)).astype(np.float32))
+    pos = ctx.upload(r.integers(-3, 70000, nmax).astype(np.int32))
+    cfg = config_for(ctx.features)
+    for m, conf in ((1, None), (2, None), (5, None), (16, dataclasses.replace(cfg, rope_nj=16))):
+        fused_cfg = conf or cfg
+        outs = [ctx.buffer(4 * nmax * sum(rows)) for _ in range(2)]
+        views = [[o.view(4 * nmax * sum(rows[:i]), 4 * nmax * k) for i, k in enumerate(rows)] for o in outs]
+        g = Graph(ctx)
+        turn = store_rope(g, pos, m, hd, 10000.0, n_rot=n_rot)
+        fused = matmul_split(g, w, x, list(zip(rows, views[0])), m, fused_cfg, rope=turn)
+        if not fused:
+            rope(g, views[0][0], pos, views[0][0], m, nq, hd, 10000.0, n_rot=n_rot, second=(views[0][1], views[0][1], nk))
+        matmul_split(g, w, x, list(zip(rows, views[1])), m, fused_cfg)
+        rope(g, views[1][0], pos, views[1][0], m, nq, hd, 10000.0, n_rot=n_rot, second=(views[1][1], views[1][1], nk))
+        g.run()
+        assert fused == (m <= min(fused_cfg.rope_nj, ctx.features.subgroup_size) and fused_cfg.rope_nj > 0) or \
+            not fused_cfg.rope_nj
+        for i, k in enumerate(rows):
+            got, want = (o.read(np.uint32, m * k, 4 * nmax * sum(rows[:i])) for o in outs)
+            assert np.array_equal(got, want), f"n={m} fused={fused} part {i}"
+        g.destroy()
+        for o in outs:
+            o.destroy()
+    assert store_rope(Graph(ctx), pos, 1, hd, 10000.0, "neox") is None  # pairs half a head apart
+    w.destroy(), x.destroy(), pos.destroy()
+
+
 def test_default_config(ctx):
     cfg = config_for(ctx.features)
     assert cfg.workgroup % cfg.split == 0 and cfg.split <= ctx.features.subgroup_size

@@ -5,7 +5,8 @@ bytes) that Weights pads to a 16-byte stride and that end in a partial group (mu
 tail); n = 1 (its own slot count), 7 (slots partly filled) and 64; a cols=4096 matvec.
 "other-path" cases flip the device's choice of texel or storage-buffer loads, so both load
 paths are checked on every device; "accumulate" cases add the product into y (the residual
-add wo and down do in place); "glu" cases are an FFN's silu(x gate^T) * (x up^T)."""
+add wo and down do in place); "glu" cases are an FFN's silu(x gate^T) * (x up^T); "rope" cases
+a stacked QKV matmul that turns Q and K (normal RoPE) as it stores them."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,10 +15,13 @@ import numpy as np
 
 from . import NMSE_MATMUL, Case, launch, rng, uniform
 from ..kernels.copy import copy
-from ..kernels.matmul import config_for, glu, matmul
+from ..errors import VkdflashError
+from ..kernels.matmul import config_for, glu, matmul, matmul_split
+from ..kernels.rope import store_rope
 from ..kernels.types import WEIGHT_TYPES, get_type
 from ..kernels.weights import Weight
-from ..ref import quants as ref
+from ..ref import ops, quants as ref
+from ..runtime.memory import View
 
 
 def _case(tname: str, rows: int, cols: int, n: int, slow: bool = False, other_path: bool = False,
@@ -59,6 +63,37 @@ def _glu_case(tname: str, rows: int, cols: int, n: int) -> Case:
     return Case(f"matmul/glu/{tname}/rows={rows},cols={cols},n={n}", run, threshold=NMSE_MATMUL)
 
 
+def _rope_case(tname: str, n: int, head_dim: int = 64, heads=(3, 1, 1), n_rot=None, other_path: bool = False) -> Case:
+    def run(ctx):
+        r = rng("matmul-rope", tname, n, head_dim, heads, n_rot)
+        rows = [h * head_dim for h in heads]
+        cols = 128
+        raw = ref.random_blocks(r, tname, sum(rows), cols)
+        x = uniform(r, n, cols)
+        pos = r.integers(0, 1 << 20, n).astype(np.int32)
+        # a shape that turns as it stores on any device (CPU devices fuse n <= 2 by default)
+        cfg = config_for(ctx.features)
+        cfg = dataclasses.replace(cfg, rope_nj=n, rows_matvec=4, rows_batch=4, texel=cfg.texel != other_path)
+        w = Weight(ctx, tname, sum(rows), cols, raw)
+
+        def record(g, xb, pb, out):
+            views = [View(out.buffer, out.offset + 4 * n * sum(rows[:i]), 4 * n * k) for i, k in enumerate(rows)]
+            if not matmul_split(g, w, xb, list(zip(rows, views)), n, cfg, rope=store_rope(g, pb, n, head_dim, 1e4,
+                                                                                          n_rot=n_rot)):
+                raise VkdflashError("the QKV matmul did not turn Q and K")
+        try:
+            got = launch(ctx, n * sum(rows) * 4, record, x, pos)
+        finally:
+            w.destroy()
+        y = ref.matmul(x, ref.dequantize(raw, tname, cols))
+        parts = np.split(y, np.cumsum(rows)[:-1], axis=1)
+        turned = [ops.rope(p.reshape(n, -1, head_dim), pos, 1e4, "normal", n_rot).reshape(n, -1) for p in parts[:2]]
+        return got, np.concatenate([t.reshape(-1) for t in turned] + [parts[2].reshape(-1)])
+    return Case(f"matmul/rope/{'other-path/' if other_path else ''}{tname}/n={n},hd={head_dim}"
+                f"{f',n_rot={n_rot}' if n_rot else ''}", run,
+                threshold=NMSE_MATMUL)
+
+
 def cases():
     out = []
     for tname in WEIGHT_TYPES:
@@ -73,4 +108,6 @@ def cases():
     # gate/up/swiglu in one dispatch (types with 32-value blocks; others fall back to 3 kernels)
     out += [_glu_case(t, 20, 256, 3) for t in WEIGHT_TYPES if get_type(t).qk <= 32]
     out.append(_glu_case("q4_1", 36, 512, 1))
+    out += [_rope_case("q4_1", 1), _rope_case("q8_0", 2), _rope_case("f16", 1, 32, (2, 2, 1), n_rot=16),
+            _rope_case("q4_0", 2, other_path=True)]
     return out

@@ -31,6 +31,7 @@ class MatmulConfig:
     rows_batch: int = 1   # the same for n > 1
     texel: bool = False   # read W and x as uniform texel buffers where the device can bind them
     islots: int = 1       # most slots whose chains interleave with the decode (no spilled chunk)
+    rope_nj: int = 0      # matmul_split turns Q and K as it stores them up to this many slots
 
     @property
     def rows_per_group(self) -> int:
@@ -55,9 +56,11 @@ def config_for(features) -> MatmulConfig:
         # 16 lanes load two slots' x chunks at once: the GLU at 16 rows 18% faster alone.
         # 16 slots an invocation: a 16-row pass decodes each weight once (LM head 20.6 -> 17.5
         # ms; the pass 2.9-3.1x -> 2.8x a 1-row pass)
+        # RoPE as QKV stores (no rope dispatch): 1 and 2 rows 1.9-2.1 ms less wall time a pass;
+        # 3 and 4 the same; at 8 and 16 rows the unrolled per-slot turns cost 1.2 and 4 ms more.
         xbcast = 2 if sg >= 16 else int(sg >= 8)
         return MatmulConfig(workgroup=sg, split=1, nj=16, xbcast=xbcast, rows_matvec=4 if sg >= 16 else 2,
-                            rows_batch=4, texel=prefers_texel_loads(features), islots=2)
+                            rows_batch=4, texel=prefers_texel_loads(features), islots=2, rope_nj=2)
     split = min(sg, 32)
     return MatmulConfig(workgroup=max(64, split), split=split, nj=8, xbcast=0)
 
@@ -94,10 +97,15 @@ def matmul(graph, weight: Weight, x_view, y_view, n: int, config: MatmulConfig |
         _dispatch(graph, weight, piece, None, x, y, int(n), cfg, accumulate, rows_per_lane(weight, n, cfg), segments)
 
 
-def matmul_split(graph, weight: Weight, x_view, outs, n: int, config: MatmulConfig | None = None) -> None:
+def matmul_split(graph, weight: Weight, x_view, outs, n: int, config: MatmulConfig | None = None,
+                 rope=None) -> bool:
     """Record one matmul whose output rows go to up to 3 matrices: outs = [(rows, view), ...],
     rows summing to weight.rows, the views on one buffer (e.g. a stacked QKV weight filling
-    Q, K and V: one dispatch instead of three, the same bits)."""
+    Q, K and V: one dispatch instead of three, the same bits).
+
+    rope: a kernels.rope.StoreRope to turn the first two matrices (Q and K) as they are stored,
+    bit-identical to a rope() call after it. Returns whether it did (not every kernel shape can:
+    then the caller ropes)."""
     cfg = config or config_for(graph.ctx.features)
     n = int(n)
     x, _ = _check(weight, x_view, None, n)
@@ -116,8 +124,14 @@ def matmul_split(graph, weight: Weight, x_view, outs, n: int, config: MatmulConf
     bases = tuple((v.offset - lo) // 4 for _, v in outs)
     pad = 3 - len(outs)
     segments = (ends + (ends[-1],) * pad, bases + (bases[-1],) * pad)
+    rl = rows_per_lane(weight, n, cfg)
+    if rope is not None and not (nj_for(n, cfg) <= min(cfg.rope_nj, graph.ctx.features.subgroup_size)
+                                 and len(weight.pieces) == 1 and rl % 2 == 0 and rope.head_dim % rl == 0
+                                 and _vec_stores(weight.pieces[0], rl, segments)):
+        rope = None
     for piece in weight.pieces:
-        _dispatch(graph, weight, piece, None, x, y, n, cfg, False, rows_per_lane(weight, n, cfg), segments)
+        _dispatch(graph, weight, piece, None, x, y, n, cfg, False, rl, segments, rope)
+    return rope is not None
 
 
 def glu(graph, gate: Weight, up: Weight, x_view, y_view, n: int, up_scratch, config: MatmulConfig | None = None) -> None:
@@ -149,8 +163,15 @@ def _check(weight: Weight, x_view, y_view, n: int):
     return x, y
 
 
+def _vec_stores(piece, rows_out: int, segments) -> bool:
+    """One vector store per activation row and lane: every group of rows_out outputs is whole and
+    4-byte words of one output matrix at a multiple of rows_out."""
+    return rows_out in (2, 4) and all(v % rows_out == 0 for v in (piece.rows, piece.first_row, *segments[0],
+                                                                    *segments[1]))
+
+
 def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulConfig, accumulate: bool,
-              rl: int, segments) -> None:
+              rl: int, segments, rope=None) -> None:
     """One mul_mat dispatch over one piece of `weight` (GLU when `up_piece` is given);
     segments: (ends, bases) of the output matrices (mul_mat.comp's push constants)."""
     nj = nj_for(n, cfg)
@@ -161,25 +182,24 @@ def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulC
     # wide path: the blocks after the last whole group of WIDE_GROUP
     tail = weight.cols // max(32, weight.ttype.qk) % WIDE_GROUP[weight.ttype.name] if wide else 0
     ctx = graph.ctx
-    # bindings: W, x, y, then U for GLU; texel views where the device can bind them all
-    bound = [piece.view, x, y] + ([up_piece.view] if up_piece else [])
+    # bindings: W, x, y, then U for GLU or positions and angles for rope; texel views where the
+    # device can bind them all
+    bound = [piece.view, x, y] + ([up_piece.view] if up_piece else []) + ([rope.positions, rope.table] if rope else [])
     texels = (0, 1, 3) if up_piece else (0, 1)
     tex = {i: texel_view(ctx, bound[i], "f32x4" if i == 1 else "u32x4" if wide else "u32") for i in texels} \
         if cfg.texel else {}
     texel = bool(tex) and all(tex.values())
     if texel:
         bound = [tex.get(i, v) for i, v in enumerate(bound)]
-    shader = "mul_mat" + ("_texel" if texel else "") + ("_glu" if up_piece else "")
+    shader = "mul_mat" + ("_texel" if texel else "") + ("_glu" if up_piece else "") + ("_rope" if rope else "")
     texels = texels if texel else ()
     rows_out = rl // 2 if up_piece else rl
-    # one vector store per activation row and lane: every group of rows_out outputs is whole
-    # and 4-byte words of one output matrix at a multiple of rows_out
-    vec = rows_out in (2, 4) and all(v % rows_out == 0 for v in (piece.rows, piece.first_row, *segments[0], *segments[1]))
+    vec = _vec_stores(piece, rows_out, segments)
     # paired x loads need two slots (with one, lavapipe's code for XBCAST 2 ran 50x slower)
     spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, min(cfg.xbcast, nj), tail,
             int(cfg.rolled_slots), rl, weight.tile, cfg.islots, int(vec))
-    pipe = ctx.pipeline(shader, len(bound), 48, spec, texels)
     push = struct.pack("<12I", piece.rows, weight.cols, n, piece.first_row, weight.stride, *segments[0], *segments[1],
-                       int(accumulate))
+                       int(accumulate)) + (struct.pack("<2I", rope.head_dim, rope.n_rot // 2) if rope else b"")
+    pipe = ctx.pipeline(shader, len(bound), len(push), spec, texels)
     graph.dispatch(pipe, bound, (-(-piece.rows // (cfg.rows_per_group * rows_out)), groups_y), push,
                    barrier=piece is weight.pieces[0], label=f"mul_mat{'_glu' if up_piece else ''}/{weight.ttype.name}")

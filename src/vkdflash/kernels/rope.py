@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import struct
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -52,6 +53,36 @@ def _table(ctx, n_rot, freq_base, freq_scale, freq_factors):
     return cache[key]
 
 
+@dataclass(frozen=True)
+class StoreRope:
+    """Normal-mode RoPE for a matmul to apply as it stores Q and K (kernels.matmul.matmul_split)."""
+    positions: object  # int32 per activation row
+    table: object      # freq_table's words
+    head_dim: int
+    n_rot: int
+
+
+def store_rope(graph, positions, n_tokens: int, head_dim: int, freq_base: float, mode: str = "normal",
+               n_rot: int | None = None, freq_scale: float = 1.0, freq_factors=None) -> StoreRope | None:
+    """What matmul_split needs to turn Q and K the way rope() would, or None where it cannot
+    (NEOX pairs lie a half head apart, not in one lane's consecutive outputs)."""
+    n_rot = head_dim if n_rot is None else n_rot
+    _check_args(mode, head_dim, n_rot, freq_base, freq_scale)
+    if mode != "normal":
+        return None
+    positions = rows.check_view(graph.ctx, "rope positions", positions, n_tokens * 4)
+    return StoreRope(positions, _table(graph.ctx, n_rot, freq_base, freq_scale, freq_factors), head_dim, n_rot)
+
+
+def _check_args(mode, head_dim, n_rot, freq_base, freq_scale) -> None:
+    if mode not in MODES:
+        raise VkdflashError(f"rope mode must be one of {MODES}, got {mode!r}")
+    if head_dim % 2 or n_rot % 2 or n_rot > head_dim:
+        raise VkdflashError(f"rope needs even head_dim and n_rot <= head_dim, got {head_dim} and {n_rot}")
+    if not (freq_base > 0 and freq_scale > 0):
+        raise VkdflashError(f"rope freq_base and freq_scale must be positive, got {freq_base} and {freq_scale}")
+
+
 def rope(graph, x, positions, out, n_tokens: int, n_heads: int, head_dim: int, freq_base: float,
          mode: str = "normal", n_rot: int | None = None, freq_scale: float = 1.0, freq_factors=None,
          second=None) -> None:
@@ -64,12 +95,7 @@ def rope(graph, x, positions, out, n_tokens: int, n_heads: int, head_dim: int, f
     ctx = graph.ctx
     n_rot = head_dim if n_rot is None else n_rot
     rows.check_dims(n_tokens=n_tokens, n_heads=n_heads, head_dim=head_dim, n_rot=n_rot)
-    if mode not in MODES:
-        raise VkdflashError(f"rope mode must be one of {MODES}, got {mode!r}")
-    if head_dim % 2 or n_rot % 2 or n_rot > head_dim:
-        raise VkdflashError(f"rope needs even head_dim and n_rot <= head_dim, got {head_dim} and {n_rot}")
-    if not (freq_base > 0 and freq_scale > 0):
-        raise VkdflashError(f"rope freq_base and freq_scale must be positive, got {freq_base} and {freq_scale}")
+    _check_args(mode, head_dim, n_rot, freq_base, freq_scale)
     nbytes = n_tokens * n_heads * head_dim * rows.F32
     x = rows.check_view(ctx, "rope x", x, nbytes)
     positions = rows.check_view(ctx, "rope positions", positions, n_tokens * 4)

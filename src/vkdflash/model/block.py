@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..kernels.elementwise import add
 from ..kernels.matmul import glu, matmul, matmul_split
 from ..kernels.norm import rms_norm
-from ..kernels.rope import rope
+from ..kernels.rope import rope, store_rope
 
 
 @dataclass(frozen=True)
@@ -114,14 +114,18 @@ def record_block(g, w: BlockWeights, s: BlockShape, b: BlockBuffers, kv, layer: 
     is the first query's position (attention's mask), both rewritable between replays."""
     d = s.n_embd
     rms_norm(g, b.x, w.attn_norm, b.xn, n, d, s.rms_eps)
+    roped = False
     if w.wqkv is not None:
-        matmul_split(g, w.wqkv, b.xn, [(w.wq.rows, b.q), (w.wk.rows, b.k), (w.wv.rows, b.v)], n)
+        # Q and K turned as the matmul stores them where nothing comes between (bias, qk_norm)
+        turn = None if w.bias or w.qk_norm else store_rope(g, pos, n, s.head_dim, s.rope_base, s.rope_mode,
+                                                            freq_factors=s.rope_factors)
+        roped = matmul_split(g, w.wqkv, b.xn, [(w.wq.rows, b.q), (w.wk.rows, b.k), (w.wv.rows, b.v)], n, rope=turn)
     project(g, w, s, b.xn, b.q, 0, n, pos, rotate=False, product=w.wqkv is None)
     project(g, w, s, b.xn, b.k, 1, n, pos, rotate=False, product=w.wqkv is None)
     project(g, w, s, b.xn, b.v, 2, n, pos, product=w.wqkv is None)
-    # Q and K turned in one dispatch, the same bits as write_kv's separate rope of K
-    rope(g, b.q, pos, b.q, n, s.n_head, s.head_dim, s.rope_base, s.rope_mode, freq_factors=s.rope_factors,
-         second=(b.k, b.k, s.n_head_kv))
+    if not roped:  # Q and K in one dispatch; every path gives write_kv's bits
+        rope(g, b.q, pos, b.q, n, s.n_head, s.head_dim, s.rope_base, s.rope_mode, freq_factors=s.rope_factors,
+             second=(b.k, b.k, s.n_head_kv))
     kv.record_write(g, layer, b.k, b.v, pos, n)
     kv.attend(g, layer, b.q, b.att, params, n, s.n_head, mask=mask)
     matmul(g, w.wo, b.att, b.x, n, accumulate=True)
