@@ -27,12 +27,17 @@
 // rope.comp's arithmetic, the same bits): a lane's vector of consecutive outputs holds whole
 // pairs. NJ <= subgroup size. Without its 30 rope dispatches a decode step takes ~2 ms less wall
 // time on lavapipe, four times their GPU time: each dispatch costs lavapipe's thread pool too.
+// NORM variants (TEXEL, XBCAST, one subgroup a workgroup): x is the residual stream and the
+// matmul applies RMSNorm as it loads it (norm.glsl, rms_norm.comp's bits): no rms_norm dispatch.
 //! variant mul_mat
 //! variant mul_mat_texel TEXEL=1
 //! variant mul_mat_glu GLU=1
 //! variant mul_mat_texel_glu TEXEL=1 GLU=1
 //! variant mul_mat_rope ROPE=1
 //! variant mul_mat_texel_rope TEXEL=1 ROPE=1
+//! variant mul_mat_texel_norm TEXEL=1 NORM=1
+//! variant mul_mat_texel_rope_norm TEXEL=1 ROPE=1 NORM=1
+//! variant mul_mat_texel_glu_norm TEXEL=1 GLU=1 NORM=1
 #extension GL_KHR_shader_subgroup_shuffle : enable
 #include "common.glsl"
 #include "types.glsl"
@@ -80,6 +85,16 @@ uvec4 u128(uint i) { return u128_[i]; }
 layout(binding = 3) readonly buffer Pos { int pos[]; };     // per activation row
 layout(binding = 4) readonly buffer Freq { uvec2 freq[]; }; // per pair (kernels/rope.py's table)
 #endif
+#ifdef NORM
+#if defined(GLU)
+layout(binding = 4) uniform samplerBuffer nw_tex;  // the norm's weight
+#elif defined(ROPE)
+layout(binding = 5) uniform samplerBuffer nw_tex;
+#else
+layout(binding = 3) uniform samplerBuffer nw_tex;
+#endif
+vec4 nw4(uint i) { return texelFetch(nw_tex, int(i)); }
+#endif
 #ifdef GLU
 const bool GLU_ON = true;
 #else
@@ -105,7 +120,15 @@ layout(push_constant) uniform Push {
 #ifdef ROPE
     uint head_dim, half_rot;  // of the heads in segments 0 and 1
 #endif
+#ifdef NORM
+    float eps;
+#endif
 } p;
+#ifdef NORM
+#define ONE_SUBGROUP 1
+#include "rows.glsl"
+#include "norm.glsl"
+#endif
 
 // y index of output feature f of activation row j
 uint y_index(uint j, uint f) {
@@ -276,12 +299,24 @@ float combine(float acc, float A, float B, float s, float t) {
     return r;
 }
 
+#ifdef NORM
+float nscale[NJ];  // each slot's RMSNorm scale
+#endif
 // XBCAST: lane l loads vec4 l % 8 of slot jj + l / 8's chunk (XBCAST slots a load; a slot past
 // NJ reloads the last), so vec4 k of slot jj + i is at lane 8 i + k
 vec4 x_slots(uint xj[NJ], uint jj, uint xb) {
     uint l = gl_SubgroupInvocationID, row = xj[jj];
+#ifdef NORM
+    float sc = nscale[jj];
+    [[unroll]] for (uint i = 1u; i < XBCAST; i++) if (l >= 8u * i) {
+        row = xj[min(jj + i, NJ - 1u)];
+        sc = nscale[min(jj + i, NJ - 1u)];
+    }
+    return rms_apply(x4(row + xb + (l & 7u)), sc, nw4(xb + (l & 7u)));
+#else
     [[unroll]] for (uint i = 1u; i < XBCAST; i++) if (l >= 8u * i) row = xj[min(jj + i, NJ - 1u)];
     return x4(row + xb + (l & 7u));
+#endif
 }
 
 // 32 activations starting at vec4 index `base`
@@ -402,6 +437,9 @@ void main() {
     // must reach the shuffles, and SIMD CPUs would run a skipped branch anyway)
     uint xj[NJ];
     [[unroll]] for (uint jj = 0u; jj < NJ; jj++) xj[jj] = min(gl_WorkGroupID.y * NJ + jj, p.n - 1u) * xrow;
+#ifdef NORM
+    [[unroll]] for (uint jj = 0u; jj < NJ; jj++) nscale[jj] = rms_scale(xj[jj], xrow, p.cols, p.eps);
+#endif
 
     precise float acc[RL][NJ];
     [[unroll]] for (uint i = 0u; i < RL; i++)

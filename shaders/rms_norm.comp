@@ -30,24 +30,23 @@ float w(uint i) { return w_[i]; }
 layout(binding = 2) writeonly buffer Y { float y[]; };
 layout(binding = 2) writeonly buffer Y4 { vec4 y4[]; };
 layout(push_constant) uniform Push { uint n_rows; uint dim; float eps; } p;
+#include "norm.glsl"
 
 void main() {
     const uint tid = gl_LocalInvocationID.x, WG = gl_WorkGroupSize.x;
     for (uint row = gl_WorkGroupID.x; row < p.n_rows; row += gl_NumWorkGroups.x) {
-        float s = 0.0;
+        float scale;
         if (VEC4) {
-            const uint n4 = p.dim / 4u, base = row * n4;
-            vec4 a = vec4(0.0);
-            for (uint i = tid; i < n4; i += WG) { vec4 v = x4(base + i); a += v * v; }
-            s = (a.x + a.y) + (a.z + a.w);
+            scale = rms_scale(row * (p.dim / 4u), p.dim / 4u, p.dim, p.eps);
         } else {
             const uint base = row * p.dim;
+            float s = 0.0;
             for (uint i = tid; i < p.dim; i += WG) { float v = x(base + i); s += v * v; }
+            scale = inversesqrt(row_sum(s) / float(p.dim) + p.eps);
         }
-        const float scale = inversesqrt(row_sum(s) / float(p.dim) + p.eps);
         if (VEC4) {
             const uint n4 = p.dim / 4u, base = row * n4;
-            for (uint i = tid; i < n4; i += WG) y4[base + i] = (x4(base + i) * scale) * w4(i);
+            for (uint i = tid; i < n4; i += WG) y4[base + i] = rms_apply(x4(base + i), scale, w4(i));
         } else {
             const uint base = row * p.dim;
             for (uint i = tid; i < p.dim; i += WG) y[base + i] = (x(base + i) * scale) * w(i);

@@ -228,6 +228,56 @@ def test_split_with_rope_is_split_then_rope_bitwise(ctx, tname, n_rot):
     w.destroy(), x.destroy(), pos.destroy()
 
 
+@pytest.mark.parametrize("tname", ["q4_1", "q8_0", "f16"])
+def test_norm_on_load_is_rms_norm_then_matmul_bitwise(ctx, tname):
+    """QKV (with its RoPE) and the GLU applying RMSNorm as they load x give rms_norm()'s bits
+    downstream: at n = 1 and 2 (fused by default on CPU devices) and, with a config fusing up to
+    16 slots, at 3 and 16; a pass the config does not fuse is refused, not run wrong."""
+    from vkdflash.kernels.matmul import glu, norm_on_load
+    from vkdflash.kernels.norm import rms_norm
+    from vkdflash.kernels.rope import rope, store_rope
+    hd, rows, cols, ff, nmax, eps = 16, (64, 32, 32), 64, 96, 16, 1e-5
+    r = np.random.default_rng(22)
+    w = Weight(ctx, tname, sum(rows), cols, ref.random_blocks(r, tname, sum(rows), cols))
+    gate, up = (Weight(ctx, tname, ff, cols, ref.random_blocks(r, tname, ff, cols)) for _ in "gu")
+    x = ctx.upload((r.standard_normal((nmax, cols)) * 3).astype(np.float32))
+    nw = ctx.upload(r.uniform(0.5, 1.5, cols).astype(np.float32))
+    pos = ctx.upload(np.arange(nmax, dtype=np.int32) + 5)
+    cfg = config_for(ctx.features)
+    for m, conf in ((1, cfg), (2, cfg), (3, dataclasses.replace(cfg, norm_nj=16)),
+                    (16, dataclasses.replace(cfg, norm_nj=16, rope_nj=16))):
+        g = Graph(ctx)
+        if not norm_on_load(g, m, x, nw, w, config=conf):
+            assert not cfg.norm_nj, "a CPU device fuses the norm"
+            break
+        assert norm_on_load(g, m, x, nw, gate, up, conf)
+        bufs = [ctx.buffer(4 * nmax * k) for k in (sum(rows), sum(rows), ff, ff, ff, ff)]
+        xn = ctx.buffer(4 * nmax * cols)
+        qkv = [[b.view(4 * nmax * sum(rows[:i]), 4 * nmax * k) for i, k in enumerate(rows)] for b in bufs[:2]]
+        turn = store_rope(g, pos, m, hd, 1e4)
+        roped = matmul_split(g, w, x, list(zip(rows, qkv[0])), m, conf, rope=turn, norm=(nw, eps))
+        glu(g, gate, up, x, bufs[2], m, bufs[4], conf, norm=(nw, eps))
+        rms_norm(g, x, nw, xn, m, cols, eps)
+        matmul_split(g, w, xn, list(zip(rows, qkv[1])), m, conf)
+        for parts in (qkv[1],) + (() if roped else (qkv[0],)):
+            rope(g, parts[0], pos, parts[0], m, rows[0] // hd, hd, 1e4, second=(parts[1], parts[1], rows[1] // hd))
+        glu(g, gate, up, xn, bufs[3], m, bufs[5], conf)
+        g.run()
+        for i, k in enumerate(rows):
+            got, want = (b.read(np.uint32, m * k, 4 * nmax * sum(rows[:i])) for b in bufs[:2])
+            assert np.array_equal(got, want), f"n={m} part {i}"
+        assert np.array_equal(bufs[2].read(np.uint32, m * ff), bufs[3].read(np.uint32, m * ff)), f"glu n={m}"
+        g.destroy()
+        for b in bufs + [xn]:
+            b.destroy()
+    g = Graph(ctx)
+    assert not norm_on_load(g, 3, x, nw, w)  # beyond the default config's slots
+    with pytest.raises(VkdflashError, match="RMSNorm"):
+        matmul_split(g, w, x, [(sum(rows), ctx.buffer(4 * 3 * sum(rows)).view())], 3, norm=(nw, eps))
+    for b in (w, gate, up, x, nw, pos):
+        b.destroy()
+
+
 def test_default_config(ctx):
     cfg = config_for(ctx.features)
     assert cfg.workgroup % cfg.split == 0 and cfg.split <= ctx.features.subgroup_size

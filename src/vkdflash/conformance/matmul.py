@@ -6,7 +6,9 @@ tail); n = 1 (its own slot count), 7 (slots partly filled) and 64; a cols=4096 m
 "other-path" cases flip the device's choice of texel or storage-buffer loads, so both load
 paths are checked on every device; "accumulate" cases add the product into y (the residual
 add wo and down do in place); "glu" cases are an FFN's silu(x gate^T) * (x up^T); "rope" cases
-a stacked QKV matmul that turns Q and K (normal RoPE) as it stores them."""
+a stacked QKV matmul that turns Q and K (normal RoPE) as it stores them; "norm" cases QKV and
+the GLU applying an RMSNorm as they load x (with a CPU device's kernel shape where the device can
+run it, else the rms_norm dispatch and matmul the engine takes there)."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +18,9 @@ import numpy as np
 from . import NMSE_MATMUL, Case, launch, rng, uniform
 from ..kernels.copy import copy
 from ..errors import VkdflashError
-from ..kernels.matmul import config_for, glu, matmul, matmul_split
-from ..kernels.rope import store_rope
+from ..kernels.matmul import config_for, glu, matmul, matmul_split, norm_on_load
+from ..kernels.norm import rms_norm
+from ..kernels.rope import rope, store_rope
 from ..kernels.types import WEIGHT_TYPES, get_type
 from ..kernels.weights import Weight
 from ..ref import ops, quants as ref
@@ -94,6 +97,52 @@ def _rope_case(tname: str, n: int, head_dim: int = 64, heads=(3, 1, 1), n_rot=No
                 threshold=NMSE_MATMUL)
 
 
+def _norm_case(tname: str, n: int, ffn: bool) -> Case:
+    def run(ctx):
+        r = rng("matmul-norm", tname, n, ffn)
+        cols, hd, rows = 128, 32, ((96, 96) if ffn else (64, 32, 32))
+        shapes = rows if ffn else (sum(rows),)  # gate and up, or the stacked QKV
+        raws = [ref.random_blocks(r, tname, k, cols) for k in shapes]
+        x = (uniform(r, n, cols) * 4).astype(np.float32)
+        nw = r.uniform(0.5, 1.5, cols).astype(np.float32)
+        pos = r.integers(0, 4096, n).astype(np.int32)
+        sg = ctx.features.subgroup_size
+        cfg = dataclasses.replace(config_for(ctx.features), workgroup=sg, split=1, xbcast=2 if sg >= 16 else 1, texel=True,
+                                  rolled_slots=False, rows_matvec=4, rows_batch=4, norm_nj=n, rope_nj=n)
+        ws = [Weight(ctx, tname, k, cols, raw) for k, raw in zip(shapes, raws)]
+
+        def record(g, xb, nwb, pb, out):
+            fused = sg >= 8 and norm_on_load(g, n, xb, nwb, ws[0], ws[1] if ffn else None, cfg)
+            src = xb
+            if not fused:
+                src = g.ctx.buffer(n * cols * 4)
+                g.after_run(src.destroy)
+                rms_norm(g, xb, nwb, src, n, cols, 1e-5)
+            norm = (nwb, 1e-5) if fused else None
+            if ffn:
+                scratch = g.ctx.buffer(n * rows[0] * 4)
+                g.after_run(scratch.destroy)
+                glu(g, ws[0], ws[1], src, out, n, scratch, cfg, norm=norm)
+                return
+            views = [View(out.buffer, out.offset + 4 * n * sum(rows[:i]), 4 * n * k) for i, k in enumerate(rows)]
+            if not matmul_split(g, ws[0], src, list(zip(rows, views)), n, cfg, rope=store_rope(g, pb, n, hd, 1e4),
+                                norm=norm):
+                rope(g, views[0], pb, views[0], n, rows[0] // hd, hd, 1e4, second=(views[1], views[1], rows[1] // hd))
+        try:
+            got = launch(ctx, n * (rows[0] if ffn else sum(rows)) * 4, record, x, nw, pos)
+        finally:
+            for w in ws:
+                w.destroy()
+        h = ops.rms_norm(x, nw, 1e-5)
+        ys = [ref.matmul(h, ref.dequantize(raw, tname, cols)).astype(np.float64) for raw in raws]
+        if ffn:
+            return got, (ys[0] / (1.0 + np.exp(-ys[0])) * ys[1]).astype(np.float32).reshape(-1)
+        parts = np.split(ys[0].astype(np.float32), np.cumsum(rows)[:-1], axis=1)
+        turned = [ops.rope(p.reshape(n, -1, hd), pos, 1e4, "normal").reshape(-1) for p in parts[:2]]
+        return got, np.concatenate(turned + [parts[2].reshape(-1)])
+    return Case(f"matmul/norm/{'glu' if ffn else 'qkv-rope'}/{tname}/n={n}", run, threshold=NMSE_MATMUL)
+
+
 def cases():
     out = []
     for tname in WEIGHT_TYPES:
@@ -110,4 +159,6 @@ def cases():
     out.append(_glu_case("q4_1", 36, 512, 1))
     out += [_rope_case("q4_1", 1), _rope_case("q8_0", 2), _rope_case("f16", 1, 32, (2, 2, 1), n_rot=16),
             _rope_case("q4_0", 2, other_path=True)]
+    out += [_norm_case("q4_1", 1, False), _norm_case("q4_1", 2, True), _norm_case("q8_0", 2, False),
+            _norm_case("f16", 1, True)]
     return out

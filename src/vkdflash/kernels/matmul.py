@@ -32,6 +32,7 @@ class MatmulConfig:
     texel: bool = False   # read W and x as uniform texel buffers where the device can bind them
     islots: int = 1       # most slots whose chains interleave with the decode (no spilled chunk)
     rope_nj: int = 0      # matmul_split turns Q and K as it stores them up to this many slots
+    norm_nj: int = 0      # matmul_split and glu apply RMSNorm as they load x up to this many slots
 
     @property
     def rows_per_group(self) -> int:
@@ -58,9 +59,12 @@ def config_for(features) -> MatmulConfig:
         # ms; the pass 2.9-3.1x -> 2.8x a 1-row pass)
         # RoPE as QKV stores (no rope dispatch): 1 and 2 rows 1.9-2.1 ms less wall time a pass;
         # 3 and 4 the same; at 8 and 16 rows the unrolled per-slot turns cost 1.2 and 4 ms more.
+        # RMSNorm as QKV and the GLU load x (no rms_norm dispatch; each workgroup repeats the
+        # row's reduction): 1 row 22.9 -> 20.9 ms wall, 2 rows 24.6 -> 23.4; 3 and 4 the same.
         xbcast = 2 if sg >= 16 else int(sg >= 8)
         return MatmulConfig(workgroup=sg, split=1, nj=16, xbcast=xbcast, rows_matvec=4 if sg >= 16 else 2,
-                            rows_batch=4, texel=prefers_texel_loads(features), islots=2, rope_nj=2)
+                            rows_batch=4, texel=prefers_texel_loads(features), islots=2, rope_nj=2,
+                            norm_nj=2)
     split = min(sg, 32)
     return MatmulConfig(workgroup=max(64, split), split=split, nj=8, xbcast=0)
 
@@ -97,17 +101,33 @@ def matmul(graph, weight: Weight, x_view, y_view, n: int, config: MatmulConfig |
         _dispatch(graph, weight, piece, None, x, y, int(n), cfg, accumulate, rows_per_lane(weight, n, cfg), segments)
 
 
+def norm_on_load(graph, n: int, x_view, norm_weight, weight: Weight, up: Weight | None = None,
+                 config: MatmulConfig | None = None) -> bool:
+    """Whether matmul_split (glu with `up`) of n rows can apply RMSNorm with `norm_weight` as it
+    loads x (the residual stream): the config's slot limit, texel views of x and the norm weight,
+    one subgroup a workgroup loading x a subgroup at a time (the norm's reduction order)."""
+    cfg = config or config_for(graph.ctx.features)
+    ctx = graph.ctx
+    views = (as_view(x_view), as_view(norm_weight))
+    return (nj_for(n, cfg) <= cfg.norm_nj and cfg.texel and cfg.xbcast >= 1 and cfg.split == 1
+            and not cfg.rolled_slots and cfg.workgroup == ctx.features.subgroup_size and weight.cols % 4 == 0
+            and len(weight.pieces) == 1 and (up is None or _glu_fused(weight, up, rows_per_lane(weight, n, cfg)))
+            and all(texel_view(ctx, v, "f32x4") for v in views))
+
+
 def matmul_split(graph, weight: Weight, x_view, outs, n: int, config: MatmulConfig | None = None,
-                 rope=None) -> bool:
+                 rope=None, norm=None) -> bool:
     """Record one matmul whose output rows go to up to 3 matrices: outs = [(rows, view), ...],
     rows summing to weight.rows, the views on one buffer (e.g. a stacked QKV weight filling
     Q, K and V: one dispatch instead of three, the same bits).
 
     rope: a kernels.rope.StoreRope to turn the first two matrices (Q and K) as they are stored,
     bit-identical to a rope() call after it. Returns whether it did (not every kernel shape can:
-    then the caller ropes)."""
+    then the caller ropes). norm: (weight, eps) of an RMSNorm to apply to x as it is loaded, as
+    rms_norm() would (bit for bit); only where norm_on_load says so."""
     cfg = config or config_for(graph.ctx.features)
     n = int(n)
+    _check_norm(graph, n, x_view, norm, weight, None, cfg)
     x, _ = _check(weight, x_view, None, n)
     outs = [(int(rows), as_view(v)) for rows, v in outs]
     if not 1 <= len(outs) <= 3 or sum(rows for rows, _ in outs) != weight.rows:
@@ -130,20 +150,34 @@ def matmul_split(graph, weight: Weight, x_view, outs, n: int, config: MatmulConf
                                  and _vec_stores(weight.pieces[0], rl, segments)):
         rope = None
     for piece in weight.pieces:
-        _dispatch(graph, weight, piece, None, x, y, n, cfg, False, rl, segments, rope)
+        _dispatch(graph, weight, piece, None, x, y, n, cfg, False, rl, segments, rope, norm)
     return rope is not None
 
 
-def glu(graph, gate: Weight, up: Weight, x_view, y_view, n: int, up_scratch, config: MatmulConfig | None = None) -> None:
+def _glu_fused(gate: Weight, up: Weight, rl: int) -> bool:
+    """The GLU's one-dispatch shape: same type and shape, one piece each, even rows a lane."""
+    same = (gate.ttype, gate.rows, gate.cols, gate.stride, gate.tile) == (up.ttype, up.rows, up.cols, up.stride, up.tile)
+    return same and rl % 2 == 0 and len(gate.pieces) == len(up.pieces) == 1
+
+
+def _check_norm(graph, n, x_view, norm, weight, up, cfg) -> None:
+    if norm is not None and not norm_on_load(graph, n, x_view, norm[0], weight, up, cfg):
+        raise VkdflashError(f"matmul: {weight.name} cannot apply RMSNorm as it loads x here (norm_on_load)")
+
+
+def glu(graph, gate: Weight, up: Weight, x_view, y_view, n: int, up_scratch, config: MatmulConfig | None = None,
+        norm=None) -> None:
     """Record y = silu(x @ gate^T) * (x @ up^T), an FFN's input half: one fused dispatch where
     the kernel shape allows (same type and shape, one piece each, an even number of rows a
-    lane), else two matmuls (up into `up_scratch`) and swiglu. Same bits either way."""
+    lane), else two matmuls (up into `up_scratch`) and swiglu. Same bits either way.
+    norm: as matmul_split's (one fused dispatch only)."""
     cfg = config or config_for(graph.ctx.features)
+    _check_norm(graph, n, x_view, norm, gate, up, cfg)
     x, y = _check(gate, x_view, y_view, n)
     rl = rows_per_lane(gate, n, cfg)
-    same = (gate.ttype, gate.rows, gate.cols, gate.stride, gate.tile) == (up.ttype, up.rows, up.cols, up.stride, up.tile)
-    if same and rl % 2 == 0 and len(gate.pieces) == len(up.pieces) == 1:
-        _dispatch(graph, gate, gate.pieces[0], up.pieces[0], x, y, int(n), cfg, False, rl, ((gate.rows,) * 3, (0,) * 3))
+    if _glu_fused(gate, up, rl):
+        _dispatch(graph, gate, gate.pieces[0], up.pieces[0], x, y, int(n), cfg, False, rl, ((gate.rows,) * 3, (0,) * 3),
+                  norm=norm)
         return
     matmul(graph, gate, x, y, n, cfg)
     matmul(graph, up, x, up_scratch, n, cfg)
@@ -171,7 +205,7 @@ def _vec_stores(piece, rows_out: int, segments) -> bool:
 
 
 def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulConfig, accumulate: bool,
-              rl: int, segments, rope=None) -> None:
+              rl: int, segments, rope=None, norm=None) -> None:
     """One mul_mat dispatch over one piece of `weight` (GLU when `up_piece` is given);
     segments: (ends, bases) of the output matrices (mul_mat.comp's push constants)."""
     nj = nj_for(n, cfg)
@@ -185,13 +219,17 @@ def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulC
     # bindings: W, x, y, then U for GLU or positions and angles for rope; texel views where the
     # device can bind them all
     bound = [piece.view, x, y] + ([up_piece.view] if up_piece else []) + ([rope.positions, rope.table] if rope else [])
-    texels = (0, 1, 3) if up_piece else (0, 1)
-    tex = {i: texel_view(ctx, bound[i], "f32x4" if i == 1 else "u32x4" if wide else "u32") for i in texels} \
+    texels = ((0, 1, 3) if up_piece else (0, 1)) + ((len(bound),) if norm else ())
+    if norm:
+        bound.append(as_view(norm[0]))
+    floats = (1, len(bound) - 1) if norm else (1,)  # x and the norm weight; W and U are words
+    tex = {i: texel_view(ctx, bound[i], "f32x4" if i in floats else "u32x4" if wide else "u32") for i in texels} \
         if cfg.texel else {}
     texel = bool(tex) and all(tex.values())
     if texel:
         bound = [tex.get(i, v) for i, v in enumerate(bound)]
-    shader = "mul_mat" + ("_texel" if texel else "") + ("_glu" if up_piece else "") + ("_rope" if rope else "")
+    shader = ("mul_mat" + ("_texel" if texel else "") + ("_glu" if up_piece else "") + ("_rope" if rope else "")
+              + ("_norm" if norm else ""))
     texels = texels if texel else ()
     rows_out = rl // 2 if up_piece else rl
     vec = _vec_stores(piece, rows_out, segments)
@@ -199,7 +237,8 @@ def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulC
     spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, min(cfg.xbcast, nj), tail,
             int(cfg.rolled_slots), rl, weight.tile, cfg.islots, int(vec))
     push = struct.pack("<12I", piece.rows, weight.cols, n, piece.first_row, weight.stride, *segments[0], *segments[1],
-                       int(accumulate)) + (struct.pack("<2I", rope.head_dim, rope.n_rot // 2) if rope else b"")
+                       int(accumulate)) + (struct.pack("<2I", rope.head_dim, rope.n_rot // 2) if rope else b"") \
+        + (struct.pack("<f", norm[1]) if norm else b"")
     pipe = ctx.pipeline(shader, len(bound), len(push), spec, texels)
     graph.dispatch(pipe, bound, (-(-piece.rows // (cfg.rows_per_group * rows_out)), groups_y), push,
                    barrier=piece is weight.pieces[0], label=f"mul_mat{'_glu' if up_piece else ''}/{weight.ttype.name}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..kernels.elementwise import add
-from ..kernels.matmul import glu, matmul, matmul_split
+from ..kernels.matmul import glu, matmul, matmul_split, norm_on_load
 from ..kernels.norm import rms_norm
 from ..kernels.rope import rope, store_rope
 
@@ -112,14 +112,18 @@ def record_block(g, w: BlockWeights, s: BlockShape, b: BlockBuffers, kv, layer: 
                  mask: str = "causal") -> None:
     """The whole block on n rows of b.x, in place. pos: n uint32 positions; params: uint32 word 0
     is the first query's position (attention's mask), both rewritable between replays."""
-    d = s.n_embd
-    rms_norm(g, b.x, w.attn_norm, b.xn, n, d, s.rms_eps)
+    d, eps = s.n_embd, s.rms_eps
+    # where the kernel shape allows, QKV and the GLU apply their RMSNorm as they load x
+    fused = w.wqkv is not None and norm_on_load(g, n, b.x, w.attn_norm, w.wqkv)
+    if not fused:
+        rms_norm(g, b.x, w.attn_norm, b.xn, n, d, eps)
     roped = False
     if w.wqkv is not None:
         # Q and K turned as the matmul stores them where nothing comes between (bias, qk_norm)
         turn = None if w.bias or w.qk_norm else store_rope(g, pos, n, s.head_dim, s.rope_base, s.rope_mode,
                                                             freq_factors=s.rope_factors)
-        roped = matmul_split(g, w.wqkv, b.xn, [(w.wq.rows, b.q), (w.wk.rows, b.k), (w.wv.rows, b.v)], n, rope=turn)
+        roped = matmul_split(g, w.wqkv, b.x if fused else b.xn, [(w.wq.rows, b.q), (w.wk.rows, b.k), (w.wv.rows, b.v)],
+                             n, rope=turn, norm=(w.attn_norm, eps) if fused else None)
     project(g, w, s, b.xn, b.q, 0, n, pos, rotate=False, product=w.wqkv is None)
     project(g, w, s, b.xn, b.k, 1, n, pos, rotate=False, product=w.wqkv is None)
     project(g, w, s, b.xn, b.v, 2, n, pos, product=w.wqkv is None)
@@ -129,6 +133,8 @@ def record_block(g, w: BlockWeights, s: BlockShape, b: BlockBuffers, kv, layer: 
     kv.record_write(g, layer, b.k, b.v, pos, n)
     kv.attend(g, layer, b.q, b.att, params, n, s.n_head, mask=mask)
     matmul(g, w.wo, b.att, b.x, n, accumulate=True)
-    rms_norm(g, b.x, w.ffn_norm, b.xn, n, d, s.rms_eps)
-    glu(g, w.gate, w.up, b.xn, b.gate, n, b.up)
+    fused = norm_on_load(g, n, b.x, w.ffn_norm, w.gate, w.up)
+    if not fused:
+        rms_norm(g, b.x, w.ffn_norm, b.xn, n, d, eps)
+    glu(g, w.gate, w.up, b.x if fused else b.xn, b.gate, n, b.up, norm=(w.ffn_norm, eps) if fused else None)
     matmul(g, w.down, b.gate, b.x, n, accumulate=True)
