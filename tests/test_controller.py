@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vkdflash.spec.controller import DraftController, _interp
+from vkdflash.spec.controller import PERSIST_PASSES, DraftController, _interp
 
 GPU = {n: 0.010 + 0.0002 * n for n in (1, 2, 4, 8, 16, 32)}          # verify nearly free
 CPU = {1: 0.066, 2: 0.080, 4: 0.101, 8: 0.150, 16: 0.250, 32: 0.460}   # lavapipe-like, n=16 ~3.8x
@@ -192,6 +192,12 @@ def test_the_learned_curve_is_handed_back_at_the_end():
     c.finish()
     assert len(got) == 1 and got[0][4] == pytest.approx(CPU[4] / 2)
     assert got[0][16] == pytest.approx(CPU[16] / 2) and got[0][2] == pytest.approx(CPU[2] / 2)  # not the one 3x pass
+    # plain decoding's cost stays as measured, however the run's 1-row passes went
+    slow = DraftController(8, CPU, persist=got.append)
+    for _ in range(PERSIST_PASSES):
+        slow.update(0, 0, 0, CPU[1] * 1.5, None)
+    slow.finish()
+    assert len(got) == 2 and got[1][1] == CPU[1]
 
 
 def test_it_recovers_when_the_text_becomes_predictable():
