@@ -97,9 +97,10 @@ def _rope_case(tname: str, n: int, head_dim: int = 64, heads=(3, 1, 1), n_rot=No
                 threshold=NMSE_MATMUL)
 
 
-def _norm_case(tname: str, n: int, ffn: bool) -> Case:
+def _norm_case(tname: str, n: int, ffn: bool, mode: str = "normal") -> Case:
+    """mode "neox": QKV that cannot turn Q and K as it stores them (the norm alone)."""
     def run(ctx):
-        r = rng("matmul-norm", tname, n, ffn)
+        r = rng("matmul-norm", tname, n, ffn, mode)
         cols, hd, rows = 128, 32, ((96, 96) if ffn else (64, 32, 32))
         shapes = rows if ffn else (sum(rows),)  # gate and up, or the stacked QKV
         raws = [ref.random_blocks(r, tname, k, cols) for k in shapes]
@@ -125,9 +126,10 @@ def _norm_case(tname: str, n: int, ffn: bool) -> Case:
                 glu(g, ws[0], ws[1], src, out, n, scratch, cfg, norm=norm)
                 return
             views = [View(out.buffer, out.offset + 4 * n * sum(rows[:i]), 4 * n * k) for i, k in enumerate(rows)]
-            if not matmul_split(g, ws[0], src, list(zip(rows, views)), n, cfg, rope=store_rope(g, pb, n, hd, 1e4),
-                                norm=norm):
-                rope(g, views[0], pb, views[0], n, rows[0] // hd, hd, 1e4, second=(views[1], views[1], rows[1] // hd))
+            if not matmul_split(g, ws[0], src, list(zip(rows, views)), n, cfg, norm=norm,
+                                rope=store_rope(g, pb, n, hd, 1e4, mode)):
+                rope(g, views[0], pb, views[0], n, rows[0] // hd, hd, 1e4, mode,
+                     second=(views[1], views[1], rows[1] // hd))
         try:
             got = launch(ctx, n * (rows[0] if ffn else sum(rows)) * 4, record, x, nw, pos)
         finally:
@@ -138,9 +140,10 @@ def _norm_case(tname: str, n: int, ffn: bool) -> Case:
         if ffn:
             return got, (ys[0] / (1.0 + np.exp(-ys[0])) * ys[1]).astype(np.float32).reshape(-1)
         parts = np.split(ys[0].astype(np.float32), np.cumsum(rows)[:-1], axis=1)
-        turned = [ops.rope(p.reshape(n, -1, hd), pos, 1e4, "normal").reshape(-1) for p in parts[:2]]
+        turned = [ops.rope(p.reshape(n, -1, hd), pos, 1e4, mode).reshape(-1) for p in parts[:2]]
         return got, np.concatenate(turned + [parts[2].reshape(-1)])
-    return Case(f"matmul/norm/{'glu' if ffn else 'qkv-rope'}/{tname}/n={n}", run, threshold=NMSE_MATMUL)
+    kind = "glu" if ffn else "qkv-rope" if mode == "normal" else "qkv"
+    return Case(f"matmul/norm/{kind}/{tname}/n={n}", run, threshold=NMSE_MATMUL)
 
 
 def cases():
@@ -160,5 +163,5 @@ def cases():
     out += [_rope_case("q4_1", 1), _rope_case("q8_0", 2), _rope_case("f16", 1, 32, (2, 2, 1), n_rot=16),
             _rope_case("q4_0", 2, other_path=True)]
     out += [_norm_case("q4_1", 1, False), _norm_case("q4_1", 2, True), _norm_case("q8_0", 2, False),
-            _norm_case("f16", 1, True)]
+            _norm_case("f16", 1, True), _norm_case("q4_0", 2, False, "neox")]
     return out
