@@ -192,7 +192,7 @@ def test_the_learned_curve_is_handed_back_at_the_end():
     c.finish()
     assert len(got) == 1 and got[0][4] == pytest.approx(CPU[4] / 2)
     assert got[0][16] == pytest.approx(CPU[16] / 2) and got[0][2] == pytest.approx(CPU[2] / 2)  # not the one 3x pass
-    # plain decoding's cost stays as measured, however the run's 1-row passes went
+    # plain decoding's cost never rises from a run's 1-row passes (test_spec_options: it heals down)
     slow = DraftController(8, CPU, persist=got.append)
     for _ in range(PERSIST_PASSES):
         slow.update(0, 0, 0, CPU[1] * 1.5, None)

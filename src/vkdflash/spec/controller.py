@@ -273,12 +273,13 @@ class DraftController:
         figure 1.27x one row where rounds measure 1.02-1.04x switched the MTP head off."""
         if self.persist is not None and max(map(len, self._recent().values()), default=0) >= PERSIST_PASSES:
             curve = self._curve(PERSIST_PASSES)
-            # one row is plain decoding's cost, which the stop rule compares with: it stays as
-            # measured. In a speculative run a 1-row pass comes between the strategy's own and
-            # costs more (an MTP run priced it 28.7 ms, plain decoding takes 21.5): cached, the next
-            # runs took that as plain decoding's cost and kept drafting (DFlash 0.91x plain).
+            # one row is plain decoding's cost, which the stop rule compares with: it may heal down
+            # (a curve measured on a busy machine), never up. In a speculative run a 1-row pass
+            # comes between the strategy's own and costs more (an MTP run priced it 28.7 ms, plain
+            # decoding takes 21.5): cached, the next runs took that as plain decoding's cost and
+            # kept drafting (DFlash 0.91x plain).
             if 1 in self.prior:
-                curve[1] = self.prior[1]
+                curve[1] = min(curve[1], self.prior[1])
             self.persist(curve)
 
     def summary(self) -> dict:
