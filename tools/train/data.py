@@ -114,10 +114,55 @@ def varied_prompt(rng: random.Random, tok: Tokenizer, template: ChatTemplate) ->
     return "story", tok.encode(rng.choice(OPENERS) + " ")
 
 
+# The "words" mix (round 7 on): the varied mix repeats a few dozen subjects, and greedy answers to
+# one prompt are one sequence (its 1089 story sequences held 367 distinct ones), so the drafts
+# learned those answers rather than the target's prose. Here every prompt names words drawn from
+# the tokenizer's own vocabulary (~11k whole words), in many request forms.
+WORD_CHAT = ("What is {a}?", "Tell me about {a}.", "Explain {a} to a beginner.", "Write a short poem about {a}.",
+             "Write a haiku about {a}.", "Give me three tips about {a}.", "Why do people care about {a}?",
+             "What is the difference between {a} and {b}?", "Write a short story about {a} and {b}.",
+             "Describe {a} in a few sentences.", "What are the benefits of {a}?", "How does {a} work?",
+             "Give me a simple recipe with {a}.", "Write a Python function that handles {a}.",
+             "How do I {a} a {b} in Python?", "Summarize the history of {a}.", "List five facts about {a}.",
+             "Write a letter to a friend about {a}.", "What should a child know about {a}?",
+             "Is {a} a good idea? Answer briefly.", "Compare {a} with {b}.", "Write a story about a {a}.")
+WORD_TEXT = ("Once upon a time, there was a {a} who ", "The {a} was ", "Every morning, the {a} ",
+             "In the {a}, {b} ", "She opened the {a} and ", "The story of the {a} begins ")
+WORD_CODE = ("def {a}_{b}({c}):\n", 'def {a}({c}):\n    """Return the {b} of the {c}."""\n', "# {A} the {b}\n",
+             "class {A}{B}:\n    def __init__(self, {c}):\n", "import {c}\n\n\ndef {a}_{b}():\n",
+             "def test_{a}_{b}():\n", "for {a} in {b}s:\n", "{a}s = []\nfor {b} in {c}:\n")
+
+
+def tokenizer_words(tok: Tokenizer) -> list[str]:
+    """Whole lowercase words of the vocabulary, past its ~300 most frequent merges (function words)
+    and before its rarest (fragments)."""
+    import re
+    words = [s[1:] for s in tok.tokens if s.startswith("\u0120") and re.fullmatch("[a-z]{4,12}", s[1:])]
+    return words[300:12000]
+
+
+def words_prompt(rng: random.Random, words: list[str], tok: Tokenizer,
+                 template: ChatTemplate) -> tuple[str, list[int]]:
+    """One prompt of the "words" mix: ~40% code, ~40% chat, ~20% story text."""
+    a, b, c = (rng.choice(words) for _ in range(3))
+    fill = dict(a=a, b=b, c=c, A=a.capitalize(), B=b.capitalize())
+    r = rng.random()
+    if r < 0.4:
+        return "code", tok.encode(rng.choice(WORD_CODE).format(**fill))
+    if r < 0.8:
+        ask = rng.choice(WORD_CHAT).format(**fill)
+        return "chat", chat_prompt_ids(tok, template, [{"role": "user", "content": ask}])
+    return "story", tok.encode(rng.choice(WORD_TEXT).format(**fill))
+
+
 def prompt_mix(n: int, tok: Tokenizer, template: ChatTemplate, seed: int,
-               varied: bool = False) -> list[tuple[str, list[int]]]:
+               varied: bool = False, words: bool = False) -> list[tuple[str, list[int]]]:
     """n (kind, token ids) prompts: ~35% code, ~20% facts, ~30% chat, ~15% stories; `varied`: half
-    of them from varied_prompt instead (the draws of the others stay as without it)."""
+    of them from varied_prompt instead (the draws of the others stay as without it); `words`: all
+    from words_prompt."""
+    if words:
+        rng, vocab = random.Random(seed), tokenizer_words(tok)
+        return [words_prompt(rng, vocab, tok, template) for _ in range(n)]
     rng = random.Random(seed)
     sources = stdlib_sources(rng)
     docs = [d for m, s in sources for d in docstrings(m, s)]

@@ -61,9 +61,9 @@ class Head(nn.Module):
         h = rms_norm(x, t["ffn_norm"], hp.rms_eps)
         return x + (F.silu(h @ t["ffn_gate"].T) * (h @ t["ffn_up"].T)) @ t["ffn_down"].T
 
-    def loss(self, h, tokens, valid, rows: int, rng, teacher: bool = False):
-        """h [S, T, d] target states of positions 0..T-1, tokens [S, T + 3] (t_{i+1}, t_{i+2} per i,
-        plus t_{i+3}), valid [S, T + 3] bool. Returns loss and top-1 accuracy at depth 1 and 2."""
+    def forward(self, h, tokens):
+        """h [S, T, d] target states of positions 0..T-1, tokens [S, T + 3] -> the block's outputs
+        at depth 1 (row i: t_{i+2}) and depth 2 (row i: t_{i+3}), each [S, T, d]."""
         S, T, _ = h.shape
         pos = torch.arange(T)[None].expand(S, T)
         x1 = self.fuse(h, tokens[:, 1:T + 1])
@@ -74,6 +74,13 @@ class Head(nn.Module):
         q2, k2, v2 = self._qkv(x2, pos + 1)
         mask2 = torch.cat([causal.expand(1, 1, T, T), torch.eye(T, dtype=torch.bool)[None, None]], 3)
         y2 = self._rest(x2, attend(q2, torch.cat([k1, k2], 2), torch.cat([v1, v2], 2), mask2))
+        return y1, y2
+
+    def loss(self, h, tokens, valid, rows: int, rng, teacher: bool = False):
+        """h [S, T, d] target states of positions 0..T-1, tokens [S, T + 3] (t_{i+1}, t_{i+2} per i,
+        plus t_{i+3}), valid [S, T + 3] bool. Returns loss and top-1 accuracy at depth 1 and 2."""
+        S, T, _ = h.shape
+        y1, y2 = self(h, tokens)
         losses, accs = [], []
         for depth, y in ((1, y1), (2, y2)):
             ok = valid[:, depth + 1:T + depth + 1].reshape(-1).nonzero()[:, 0]
