@@ -200,6 +200,25 @@ def test_the_learned_curve_is_handed_back_at_the_end():
     assert len(got) == 2 and got[1][1] == CPU[1]
 
 
+def test_a_starved_run_caches_its_shape_at_plain_decodings_cost():
+    """Every pass of a run 15x dear (memory pressure evicting the weights), 2 rows timed often: the
+    cache keeps the run's 2-row / 1-row ratio at the prior's 1-row cost, not 2 rows at 16x one row."""
+    got = []
+    c = DraftController(8, CPU, persist=got.append)
+    for _ in range(PERSIST_PASSES):
+        c.update(1, 1, 1, 15 * CPU[2], 0.0)
+    c.finish()
+    assert got[0][1] == pytest.approx(CPU[1])
+    assert got[0][2] == pytest.approx(CPU[2])  # the shape the run saw: 2 rows at the prior's ratio
+    assert all(s <= n * got[0][1] for n, s in got[0].items())
+
+
+def test_no_cached_width_costs_more_than_its_rows_one_by_one():
+    from vkdflash.spec.curve import plausible
+    assert plausible({1: 0.02, 2: 0.317, 4: 0.05, 16: 0.756}) == {1: 0.02, 2: 0.04, 4: 0.05, 16: 0.32}
+    assert plausible({2: 0.3}) == {2: 0.3}  # no 1-row figure: nothing to bound by
+
+
 def test_it_recovers_when_the_text_becomes_predictable():
     c = trained(CPU, 0.0)
     for _ in range(100):

@@ -53,13 +53,21 @@ def verify_costs(model) -> dict[int, float]:
     known, key = _load(), _key(model)
     if isinstance(known.get(key), dict):
         try:
-            return {int(n): float(s) for n, s in known[key].items()}
+            return plausible({int(n): float(s) for n, s in known[key].items()})
         except (TypeError, ValueError):
             pass
     log.info("measuring the verify cost curve of this model on this device (once; cached in %s)", _file())
     curve = measure(model, reps=3)  # best of 4: one noisy pass once gave a 1-row figure 2.4x too high
     remember(model, curve)
     return curve
+
+
+def plausible(curve: dict) -> dict:
+    """No n-row pass dearer than n one-row passes (the same work, a dispatch each): bounds a curve
+    cached from a starved spell (seen: 2 rows at 16x one row, timed while memory pressure evicted
+    the mapped weights)."""
+    one = curve.get(1)
+    return curve if one is None else {n: min(s, n * one) for n, s in curve.items()}
 
 
 def remember(model, seconds: dict) -> None:
