@@ -18,7 +18,7 @@ import torch
 
 from data import generate, load_text_tools, prompt_mix
 from export import restore
-from target import Target, rms_norm
+from target import Target
 
 
 def dflash_walk(model, ids, t, f, B):
@@ -45,8 +45,7 @@ def mtp_walk(head, ids, t, h):
     pad = torch.cat([torch.from_numpy(t.astype(np.int64)), torch.zeros(3, dtype=torch.long)])[None]
     hh = torch.from_numpy(h)[None]
     y = head(hh, pad)
-    preds = [head.vocab.tokens[(rms_norm(d[0], head.shared_head_norm, head.hp.rms_eps) @ head.vocab.head.T)
-                               .argmax(-1)].numpy() for d in y]
+    preds = [head.vocab.tokens[head.logits(d[0]).argmax(-1)].numpy() for d in y]
     walk, steps, i = np.zeros(2), 0, len(ids) - 1
     while i + 3 < len(t):  # state i and t_{i+1} committed: drafts t_{i+2}, t_{i+3}
         n = int(preds[0][i] == t[i + 2]) * (1 + int(preds[1][i] == t[i + 3]))

@@ -76,6 +76,10 @@ class Head(nn.Module):
         y2 = self._rest(x2, attend(q2, torch.cat([k1, k2], 2), torch.cat([v1, v2], 2), mask2))
         return y1, y2
 
+    def logits(self, y):
+        """Logits over the head's vocabulary rows for block outputs y [..., d]."""
+        return rms_norm(y, self.shared_head_norm, self.hp.rms_eps) @ self.vocab.head.T
+
     def loss(self, h, tokens, valid, rows: int, rng, teacher: bool = False):
         """h [S, T, d] target states of positions 0..T-1, tokens [S, T + 3] (t_{i+1}, t_{i+2} per i,
         plus t_{i+3}), valid [S, T + 3] bool. Returns loss and top-1 accuracy at depth 1 and 2."""
@@ -85,7 +89,7 @@ class Head(nn.Module):
         for depth, y in ((1, y1), (2, y2)):
             ok = valid[:, depth + 1:T + depth + 1].reshape(-1).nonzero()[:, 0]
             pick = ok[torch.from_numpy(rng.choice(len(ok), size=min(rows, len(ok)), replace=False))]
-            logits = rms_norm(y.reshape(S * T, -1)[pick], self.shared_head_norm, self.hp.rms_eps) @ self.vocab.head.T
+            logits = self.logits(y.reshape(S * T, -1)[pick])
             if teacher:  # state i + depth predicts the token at i + depth + 1, this row's label
                 ahead = torch.cat([h[:, depth:], h[:, :depth]], 1).reshape(S * T, -1)[pick]
                 with torch.no_grad():
