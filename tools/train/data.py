@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import random
+import re
 import sysconfig
 from pathlib import Path
 
@@ -136,7 +137,6 @@ WORD_CODE = ("def {a}_{b}({c}):\n", 'def {a}({c}):\n    """Return the {b} of the
 def tokenizer_words(tok: Tokenizer) -> list[str]:
     """Whole lowercase words of the vocabulary, past its ~300 most frequent merges (function words)
     and before its rarest (fragments)."""
-    import re
     words = [s[1:] for s in tok.tokens if s.startswith("\u0120") and re.fullmatch("[a-z]{4,12}", s[1:])]
     return words[300:12000]
 

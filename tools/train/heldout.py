@@ -4,8 +4,8 @@
 The target continues each prompt greedily; per prompt kind it prints, for a DFlash draft, the
 acceptance per position of a greedy speculative walk at draft length block size - 1 (the next
 anchor after n accepted is a + n + 1: the anchors the engine's steps land on) and its tau; for an
-MTP head, the same at draft length 2. `--suite` uses the acceptance suite's prompts and 128 new tokens: the figures
-`vkdflash bench spec --suite default` measures live (a gap between them is an engine bug). A
+MTP head, the same at draft length 2. `--suite` uses the acceptance suite's prompts and 128
+new tokens: the figures `vkdflash bench spec --suite default` measures live (a gap between them is an engine bug). A
 mix's prompts share templates with the training data (one greedy answer per prompt), so a
 mix's figures overstate what a draft does on text it never saw."""
 from __future__ import annotations
@@ -21,38 +21,35 @@ from export import restore
 from target import Target
 
 
-def dflash_walk(model, ids, t, f, B):
-    """Accepted drafts per position over a greedy walk, and its steps."""
-    walk, steps = np.zeros(B - 1), 0
-    every = list(range(len(ids), len(t) - B + 1))
-    if not every:
-        return walk, steps
-    ff = torch.from_numpy(f.reshape(len(f), -1))[None]
-    pred = model.vocab.tokens[model(ff, torch.from_numpy(t.astype(np.int64))[None], torch.tensor([every]))[0]
-                              .argmax(-1)].numpy()
-    a = len(ids)
-    while a + B <= len(t):
-        ok = pred[a - len(ids)] == t[a + 1:a + B]
-        n = int(np.argmin(ok)) if not ok.all() else B - 1
+def greedy_walk(drafts_at, t, first: int, k: int):
+    """Accepted drafts per position, and steps, of a greedy walk: at anchor a (t_a committed, not
+    yet verified) drafts_at(a) proposes t_{a+1..a+k}; after n accepted the next anchor is a + n + 1."""
+    walk, steps, a = np.zeros(k), 0, first
+    while a + k < len(t):
+        ok = drafts_at(a) == t[a + 1:a + 1 + k]
+        n = k if ok.all() else int(np.argmin(ok))
         walk[:n] += 1
         steps += 1
         a += n + 1
     return walk, steps
 
 
+def dflash_walk(model, ids, t, f):
+    every = list(range(len(ids), len(t) - model.block + 1))
+    if not every:
+        return np.zeros(model.block - 1), 0
+    ff = torch.from_numpy(f.reshape(len(f), -1))[None]
+    pred = model.vocab.tokens[model(ff, torch.from_numpy(t.astype(np.int64))[None], torch.tensor([every]))[0]
+                              .argmax(-1)].numpy()  # [anchor - len(ids), block - 1]
+    return greedy_walk(lambda a: pred[a - len(ids)], t, len(ids), model.block - 1)
+
+
 def mtp_walk(head, ids, t, h):
-    """Accepted drafts per position over a greedy walk at draft length 2, and its steps."""
+    """Depth 1 at state i (t_{i+1} its anchor) drafts t_{i+2}, depth 2 t_{i+3}."""
     pad = torch.cat([torch.from_numpy(t.astype(np.int64)), torch.zeros(3, dtype=torch.long)])[None]
-    hh = torch.from_numpy(h)[None]
-    y = head(hh, pad)
-    preds = [head.vocab.tokens[head.logits(d[0]).argmax(-1)].numpy() for d in y]
-    walk, steps, i = np.zeros(2), 0, len(ids) - 1
-    while i + 3 < len(t):  # state i and t_{i+1} committed: drafts t_{i+2}, t_{i+3}
-        n = int(preds[0][i] == t[i + 2]) * (1 + int(preds[1][i] == t[i + 3]))
-        walk[:n] += 1
-        i += n + 1
-        steps += 1
-    return walk, steps
+    pred = np.stack([head.vocab.tokens[head.logits(y[0]).argmax(-1)].numpy()
+                     for y in head(torch.from_numpy(h)[None], pad)], 1)  # [state, depth]
+    return greedy_walk(lambda a: pred[a - 1], t, len(ids), 2)
 
 
 @click.command()
@@ -61,10 +58,10 @@ def mtp_walk(head, ids, t, h):
 @click.option("--suite", is_flag=True, help="the acceptance suite's prompts, 128 new tokens (vkdflash.suite)")
 @click.option("--prompts", default=24, show_default=True)
 @click.option("--seed", default=7, show_default=True, help="prompt mix seed (training data used 0-6)")
-@click.option("--mix", type=click.Choice(["stdlib", "varied", "words"]), default="stdlib", show_default=True)
+@click.option("--mix", "mix_name", type=click.Choice(["stdlib", "varied", "words"]), default="stdlib", show_default=True)
 @click.option("--new", "n_new", default=96, show_default=True)
 @click.option("--threads", default=2, show_default=True)
-def main(drafts, model_path, suite, prompts, seed, mix, n_new, threads):
+def main(drafts, model_path, suite, prompts, seed, mix_name, n_new, threads):
     from dflash import Draft
     from dflash import parameters as draft_parameters
     from mtp import Head
@@ -81,7 +78,7 @@ def main(drafts, model_path, suite, prompts, seed, mix, n_new, threads):
     if suite:
         mix, n_new = [(p.kind, prompt_ids(p, tok, template)) for p in PROMPTS], 128
     else:
-        mix = prompt_mix(prompts, tok, template, seed, varied=mix == "varied", words=mix == "words")
+        mix = prompt_mix(prompts, tok, template, seed, varied=mix_name == "varied", words=mix_name == "words")
     models, layers = [], {target.hp.n_layer}
     for d in drafts:
         with GGUFFile(d) as f:
@@ -100,24 +97,19 @@ def main(drafts, model_path, suite, prompts, seed, mix, n_new, threads):
     capture = tuple(sorted(layers))
     tokens, feats = generate(target, [ids for _, ids in mix], n_new, capture, 16, seed, tok.eog_ids, sampled=0.0)
     for d, arch, m in models:
-        sums = defaultdict(lambda: defaultdict(float))
+        sums = defaultdict(dict)
         with torch.no_grad():
             for (kind, ids), t, f in zip(mix, tokens, feats):
                 f = f.astype(np.float32)
-                s = sums[kind]
                 if arch == "dflash":
-                    cols = [capture.index(x) for x in m.target_layers]
-                    walk, steps = dflash_walk(m, ids, t, f[:, cols], m.block)
+                    walk, steps = dflash_walk(m, ids, t, f[:, [capture.index(x) for x in m.target_layers]])
                 else:
                     walk, steps = mtp_walk(m, ids, t, f[:, capture.index(target.hp.n_layer)])
-                s["steps"] += steps
-                for i, w in enumerate(walk):
-                    s[i] += w
+                for s in (sums[kind], sums["all"]):
+                    s["steps"], s["walk"] = s.get("steps", 0) + steps, s.get("walk", 0) + walk
         click.echo(f"{d} ({len(mix)} prompts, {'suite' if suite else f'mix seed {seed}'}):")
-        for kind, s in sorted(sums.items()) + [("all", {k: sum(x[k] for x in sums.values())
-                                                        for k in set().union(*sums.values())})]:
-            st = max(s["steps"], 1)
-            pos = [s.get(i, 0) / st for i in range(m.block - 1 if arch == "dflash" else 2)]
+        for kind in sorted(sums.keys() - {"all"}) + ["all"]:
+            pos = sums[kind]["walk"] / max(sums[kind]["steps"], 1)
             click.echo(f"  {kind:6s} walk tau {1 + sum(pos):.2f}, acceptance {sum(pos) / len(pos):.3f}, "
                        f"per position {' '.join(f'{x:.2f}' for x in pos)}")
 
