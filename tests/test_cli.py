@@ -69,6 +69,25 @@ def test_generate_streams_text_and_stats(tmp_path):
     assert bad.exit_code == 2 and "q3_k" in bad.output
 
 
+def test_every_command_releases_the_device_it_opened(tmp_path, monkeypatch):
+    """In one process (a test run, a server) each run's device, kernels and buffers are freed:
+    lavapipe kept ~180 MB of a never-destroyed device per tiny-model run."""
+    from gguf_fixtures import write_model
+    from vkdflash.runtime.context import Context
+    opened, real_init = [], Context.__init__
+    monkeypatch.setattr(Context, "__init__", lambda self, *a, **k: opened.append(self) or real_init(self, *a, **k))
+    path = str(write_model(tmp_path / "m.gguf", "llama", n_embd=128, n_ff=256, n_head=2, n_head_kv=1, head_dim=64))
+    for args in (["generate", "-m", path, "hi", "-n", "3", "-c", "64", "--spec", "ngram"],
+                 ["bench", "model", "-m", path, "-p", "4", "-n", "2"],
+                 ["bench", "spec", "-m", path, "-n", "4", "-c", "64", "--spec", "ngram", "--reps", "1"],
+                 ["generate", "-m", path, "x" * 300, "-c", "16"]):  # a one-line error on the way out
+        before = len(opened)
+        res = run(*args)
+        assert res.exit_code in (0, 1) and "Traceback" not in res.output, (args, res.output)
+        made = opened[before:]
+        assert made and all(c.device is None and not c._live and not c.pipelines for c in made), args
+
+
 def test_inspect_recognises_a_dflash_draft(tmp_path):
     from dflash_fixtures import write_dflash
     from gguf_fixtures import write_model

@@ -162,35 +162,35 @@ def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, sto
     text = prompt if prompt is not None else prompt_arg
     if text is None:
         raise click.UsageError("no prompt: give it as an argument or with -p/--prompt")
-    model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
-    if chat:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        ids = chat_prompt_ids(tok, ChatTemplate.from_metadata(model.mf.metadata, tok, model.mf.gguf.path), messages)
-    else:
-        ids = tok.encode(text, add_special=True)
-    if not ids:
-        raise VkdflashError("the prompt encodes to no tokens")
-    if len(ids) >= model.cache.n_ctx:
-        raise VkdflashError(f"the prompt is {len(ids)} tokens, the context only {model.cache.n_ctx}: raise -c")
-    sampler = Sampler(temp, top_k, top_p, min_p, None if seed < 0 else seed)
-    log.info("sampling: %s", "greedy" if sampler.greedy else
-             f"temp {temp}, top-k {top_k}, top-p {top_p}, min-p {min_p}, seed {seed}")
-    from .spec import SpecStats
-    stats, spec_stats = Stats(), SpecStats()
-    name = spec_request.resolve_for(model.mf, model.ctx.features.device_type)
-    speculator = build_speculator(model, spec_request, name, not no_kv_rotation, spec_stats)
-    if not chat:
-        click.echo(text, nl=False)
-    try:
-        for piece in run(model, tok, ids, n_predict, sampler, stops, stats, speculator):
-            click.echo(piece, nl=False)
-    finally:
+    with open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device) as (model, tok):
+        if chat:
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+            ids = chat_prompt_ids(tok, ChatTemplate.from_metadata(model.mf.metadata, tok, model.mf.gguf.path), messages)
+        else:
+            ids = tok.encode(text, add_special=True)
+        if not ids:
+            raise VkdflashError("the prompt encodes to no tokens")
+        if len(ids) >= model.cache.n_ctx:
+            raise VkdflashError(f"the prompt is {len(ids)} tokens, the context only {model.cache.n_ctx}: raise -c")
+        sampler = Sampler(temp, top_k, top_p, min_p, None if seed < 0 else seed)
+        log.info("sampling: %s", "greedy" if sampler.greedy else
+                 f"temp {temp}, top-k {top_k}, top-p {top_p}, min-p {min_p}, seed {seed}")
+        from .spec import SpecStats
+        stats, spec_stats = Stats(), SpecStats()
+        name = spec_request.resolve_for(model.mf, model.ctx.features.device_type)
+        speculator = build_speculator(model, spec_request, name, not no_kv_rotation, spec_stats)
+        if not chat:
+            click.echo(text, nl=False)
+        try:
+            for piece in run(model, tok, ids, n_predict, sampler, stops, stats, speculator):
+                click.echo(piece, nl=False)
+        finally:
+            if speculator is not None:
+                speculator.close()
+        click.echo()
+        click.echo(stats.line(), err=True)
         if speculator is not None:
-            speculator.close()
-    click.echo()
-    click.echo(stats.line(), err=True)
-    if speculator is not None:
-        click.echo(spec_stats.line(), err=True)
+            click.echo(spec_stats.line(), err=True)
 
 
 @main.command()

@@ -52,20 +52,21 @@ def bench_model(n_prompt, n_gen, json_path, with_profile, with_curve, model_path
                 device) -> None:
     """Prefill and greedy decode tok/s on a fixed synthetic prompt."""
     from .bench import model as bench_run, profile, verify_curve
-    model, tok = open_model(model_path, max(n_ctx, n_prompt + n_gen + 1, 64 + 33), ctk, ctv, no_kv_rotation, device)
-    report = bench_run(model, n_prompt, n_gen)
-    if with_profile:
-        report["profile"] = profile(model)
-        for p in report["profile"]["passes"].values():
-            click.echo(f"{p['rows']}-row pass: {p['gpu_ms']:.2f} ms GPU, {p['dispatches']} dispatches", err=True)
-            for name, f in p["families"].items():
-                click.echo(f"  {name:<12} {f['ms']:8.2f} ms {100 * f['share']:5.1f}%  {f['dispatches']:4d} dispatches",
-                           err=True)
-    if with_curve:
-        report["verify_curve"] = verify_curve(model)
-        click.echo("n-row forward / 1-row: " + ", ".join(
-            f"{n}: {r:.2f}x" for n, r in report["verify_curve"]["relative"].items()), err=True)
-    emit_json(report, json_path)
+    n_ctx = max(n_ctx, n_prompt + n_gen + 1, 64 + 33)
+    with open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device) as (model, _):
+        report = bench_run(model, n_prompt, n_gen)
+        if with_profile:
+            report["profile"] = profile(model)
+            for p in report["profile"]["passes"].values():
+                click.echo(f"{p['rows']}-row pass: {p['gpu_ms']:.2f} ms GPU, {p['dispatches']} dispatches", err=True)
+                for name, f in p["families"].items():
+                    click.echo(f"  {name:<12} {f['ms']:8.2f} ms {100 * f['share']:5.1f}%  {f['dispatches']:4d} dispatches",
+                               err=True)
+        if with_curve:
+            report["verify_curve"] = verify_curve(model)
+            click.echo("n-row forward / 1-row: " + ", ".join(
+                f"{n}: {r:.2f}x" for n, r in report["verify_curve"]["relative"].items()), err=True)
+        emit_json(report, json_path)
 
 
 @bench.command("spec")
@@ -102,17 +103,17 @@ def bench_spec(prompt, n_gen, json_path, reps, temp, seed, suite, suite_runs, su
             raise click.UsageError("--temp is for one strategy's run; the suite's temperatures are --suite-temps")
         from .bench_suite import parse_runs, run_suite
         runs = parse_runs(suite_runs, suite_cache_types, suite_temps)
-        model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
-        report = run_suite(model, tok, spec_request, runs, suite_prompts, n_gen or 128, not no_kv_rotation)
-        click.echo(report.pop("table"), err=True)
-        emit_json(report, json_path)
-        return
+        with open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device) as (model, tok):
+            report = run_suite(model, tok, spec_request, runs, suite_prompts, n_gen or 128, not no_kv_rotation)
+            click.echo(report.pop("table"), err=True)
+            emit_json(report, json_path)
+            return
     n_gen = n_gen or 64
     name = spec_request.resolve()
     if name == "none":
         raise click.UsageError("bench spec compares a strategy with --spec none: name it with --spec NAME "
                                "(e.g. --spec ngram) or give -md DRAFT.gguf")
-    model, tok = open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device)
-    make = lambda stats: build_speculator(model, spec_request, name, not no_kv_rotation, stats)  # noqa: E731
-    report = bench_run(model, tok, prompt, n_gen, make, reps, temp, seed)
-    emit_json(report, json_path)
+    with open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device) as (model, tok):
+        make = lambda stats: build_speculator(model, spec_request, name, not no_kv_rotation, stats)  # noqa: E731
+        report = bench_run(model, tok, prompt, n_gen, make, reps, temp, seed)
+        emit_json(report, json_path)

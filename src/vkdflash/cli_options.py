@@ -1,6 +1,8 @@
 """Options shared by several commands: device choice and the model flags."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import click
 
 from .kernels.types import CACHE_TYPES
@@ -29,12 +31,21 @@ def model_options(f):
     return f
 
 
+@contextmanager
 def open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device):
+    """(model, tokenizer) on a device of their own, released on the way out."""
     from .model import default_model_path, load_model
     from .model.forward import Model
     from .runtime.context import Context
     from .tokenizer import Tokenizer
-    path = model_path or default_model_path()
-    mf = load_model(path)
-    tok = Tokenizer(mf.metadata)
-    return Model(Context(device), mf, n_ctx=n_ctx, ctk=ctk, ctv=ctv, rotate=not no_kv_rotation), tok
+    with load_model(model_path or default_model_path()) as mf:
+        tok = Tokenizer(mf.metadata)
+        ctx = Context(device)
+        try:
+            model = Model(ctx, mf, n_ctx=n_ctx, ctk=ctk, ctv=ctv, rotate=not no_kv_rotation)
+            try:
+                yield model, tok
+            finally:
+                model.close()
+        finally:
+            ctx.close()

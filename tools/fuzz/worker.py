@@ -103,34 +103,22 @@ def run_cli(argv: list[str], time_cap: float) -> dict:
 
 
 class OneDevice:
-    """The CLI opens a Vulkan device per command and leaves it and the model to process exit: right
-    for one process per command, but a worker would grow by the model and ~50 MB and recompile
-    every pipeline (1.3 s on lavapipe) per case. Here one device serves every case and each
-    command's models are closed after it; the files under test never reach device creation."""
+    """The CLI opens a Vulkan device per command and closes it after: right for a user, but a
+    worker would recompile every pipeline (1.3 s on lavapipe) per case. Here one device serves
+    every case (its close is put off) and what a command left on it (a model whose construction
+    failed half-way) is released after it; the files under test never reach device creation."""
 
     def __init__(self):
         import vkdflash.runtime.context as rc
-        from vkdflash.model.forward import Model
-        self.devices, self.models = {}, []
-        new_device, init = rc.Context, Model.__init__
+        self.devices = {}
+        new_device = rc.Context
 
         def device(selector=None):
             if selector not in self.devices:
-                self.devices[selector] = new_device(selector)
+                ctx = self.devices[selector] = new_device(selector)
+                ctx.close = ctx.release  # the device stays for the next case
             return self.devices[selector]
-
-        def tracked_init(model, *args, **kwargs):
-            self.models.append(model)
-            init(model, *args, **kwargs)
-        rc.Context, Model.__init__ = device, tracked_init
-
-    def release_models(self) -> None:
-        for model in self.models:
-            try:
-                model.close()
-            except Exception:  # a model whose construction failed half-way: the worker's recycling bounds it
-                pass
-        self.models.clear()
+        rc.Context = device
 
 
 class Worker:
@@ -166,7 +154,6 @@ class Worker:
         try:
             for argv in commands(plan, path, self.fixtures):
                 step = run_cli(argv, c["time_cap"])
-                self.device.release_models()
                 steps.append(step)
                 if step["outcome"] in FATAL:
                     break

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import struct
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +16,6 @@ from ..errors import VkdflashError
 from ..runtime.memory import texel_views
 
 MODES = ("normal", "neox")
-_tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # ctx -> {key: Buffer}
 
 
 def rope_freqs(head_dim_rot: int, freq_base: float, freq_scale: float = 1.0, freq_factors=None) -> np.ndarray:
@@ -46,11 +44,8 @@ def _table(ctx, n_rot, freq_base, freq_scale, freq_factors):
         raise VkdflashError(f"rope freq_factors must have n_rot/2 = {n_rot // 2} values, got shape {ff.shape}")
     if ff is not None and not np.all(ff > 0):
         raise VkdflashError("rope freq_factors must be positive")
-    key = (n_rot, float(freq_base), float(freq_scale), None if ff is None else ff.tobytes())
-    cache = _tables.setdefault(ctx, {})
-    if key not in cache:
-        cache[key] = ctx.upload(freq_table(n_rot, freq_base, freq_scale, ff))
-    return cache[key]
+    key = ("rope table", n_rot, float(freq_base), float(freq_scale), None if ff is None else ff.tobytes())
+    return ctx.kept(key, lambda: ctx.upload(freq_table(n_rot, freq_base, freq_scale, ff)))
 
 
 @dataclass(frozen=True)

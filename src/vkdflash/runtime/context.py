@@ -48,6 +48,8 @@ class Context:
         self.fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
         self.memory_props = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
         self.pipelines: dict[tuple, Pipeline] = {}
+        self._live: dict[int, object] = {}  # buffers and graphs not yet destroyed, in creation order
+        self._kept: dict[tuple, Buffer] = {}  # constant tables shared by every model on the device
         self.submit_count = 0
         self._upload_cmd = None
         self._staging = None
@@ -116,9 +118,39 @@ class Context:
         vk.vkEndCommandBuffer(cmd)
         self.submit(cmd)
 
+    def kept(self, key: tuple, make) -> Buffer:
+        """A constant buffer made once for this device (until release) by make()."""
+        if key not in self._kept:
+            self._kept[key] = make()
+        return self._kept[key]
+
+    def track(self, obj) -> None:
+        """Note a buffer or graph, so that close() releases it if its owner did not."""
+        self._live[id(obj)] = obj
+
+    def untrack(self, obj) -> None:
+        self._live.pop(id(obj), None)
+
+    def release(self) -> None:
+        """Destroy every buffer and graph still alive (their owners did not, e.g. a model whose
+        loading failed half-way)."""
+        self.vk.vkDeviceWaitIdle(self.device)
+        for obj in reversed(list(self._live.values())):  # graphs before the buffers they bind
+            obj.destroy()
+        self._staging = None
+        self._kept.clear()
+
     def close(self) -> None:
+        """Release the device and everything made on it (a server or a test process opens many)."""
+        if self.device is None:
+            return
         vk = self.vk
-        vk.vkDeviceWaitIdle(self.device)
+        self.release()
         for pipe in self.pipelines.values():
             pipe.destroy()
         self.pipelines.clear()
+        self._upload_cmd = None
+        vk.vkDestroyFence(self.device, self.fence, None)
+        vk.vkDestroyCommandPool(self.device, self.pool, None)  # frees its command buffers
+        vk.vkDestroyDevice(self.device, None)
+        self.device = None

@@ -36,6 +36,7 @@ class Graph:
         self._acting = None               # the Owner recording its own dispatches now
         self._cmd = self._pool = self._query_pool = None
         self._buffer_views: list = []      # VkBufferViews of texel bindings, made when recorded
+        ctx.track(self)
 
     def dispatch(self, pipeline, views, groups, push: bytes = b"", barrier: bool = True,
                  label: str | None = None) -> None:
@@ -162,6 +163,7 @@ class Graph:
 
     def destroy(self) -> None:
         vk, dev = self.ctx.vk, self.ctx.device
+        self.ctx.untrack(self)
         if self._cmd is not None:
             vk.vkFreeCommandBuffers(dev, self.ctx.pool, 1, [self._cmd])
             self._cmd = None

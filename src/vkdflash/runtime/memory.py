@@ -49,6 +49,7 @@ class Buffer:
             self.memory = vk.vkAllocateMemory(ctx.device, vk.VkMemoryAllocateInfo(
                 allocationSize=req.size, memoryTypeIndex=mtype), None)
         except vk.VkError as exc:
+            vk.vkDestroyBuffer(ctx.device, self.handle, None)
             raise VkdflashError(f"out of device memory allocating {self.nbytes >> 20} MiB "
                                 f"({type(exc).__name__})") from exc
         vk.vkBindBufferMemory(ctx.device, self.handle, self.memory, 0)
@@ -57,6 +58,7 @@ class Buffer:
         if flags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT:
             raw = vk.vkMapMemory(ctx.device, self.memory, 0, self.nbytes, 0)
             self.mapped = np.frombuffer(raw, dtype=np.uint8)
+        ctx.track(self)
 
     def write(self, data, offset: int = 0) -> None:
         if self.owner is not None:
@@ -92,11 +94,15 @@ class Buffer:
 
     def destroy(self) -> None:
         vk = self.ctx.vk
+        if self.memory is None:
+            return
+        self.ctx.untrack(self)
         if self.mapped is not None:
             self.mapped = None
             vk.vkUnmapMemory(self.ctx.device, self.memory)
         vk.vkDestroyBuffer(self.ctx.device, self.handle, None)
         vk.vkFreeMemory(self.ctx.device, self.memory, None)
+        self.memory = None
 
 
 @dataclass(frozen=True)
