@@ -1,6 +1,8 @@
 """Shared fixtures: one Context per Vulkan device present, reused across tests."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from vkdflash import plugins
@@ -15,6 +17,13 @@ def context_for(index: int) -> Context:
     if index not in _contexts:
         _contexts[index] = Context(index)
     return _contexts[index]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_verify_curves(tmp_path_factory):
+    """Curves timed while tests load the machine stay out of the user's cache, where they would
+    price the user's own runs (the default model's download is shared on purpose)."""
+    os.environ["VKDFLASH_CURVES"] = str(tmp_path_factory.mktemp("curves") / "verify-curves.json")
 
 
 @pytest.fixture(params=[d.index for d in DEVICES], ids=[f"dev{d.index}" for d in DEVICES])

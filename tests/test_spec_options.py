@@ -119,7 +119,7 @@ def test_bench_spec_needs_a_strategy_and_runs_one(model):
 
 def test_the_verify_curve_is_measured_once_and_cached(model, tmp_path, monkeypatch):
     from vkdflash.spec import curve
-    monkeypatch.setenv("VKDFLASH_CACHE", str(tmp_path))
+    monkeypatch.setenv("VKDFLASH_CURVES", str(tmp_path / "verify-curves.json"))
     calls = []
     real = curve.measure
     monkeypatch.setattr(curve, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -131,6 +131,14 @@ def test_the_verify_curve_is_measured_once_and_cached(model, tmp_path, monkeypat
     (curve_seconds,) = cached.values()
     assert {"1", "2", "4", "8", "16"} <= set(curve_seconds)  # what fits a 24-token context (+ live counts)
     assert "32" not in curve_seconds
+    # one cached from a starved spell (seen: 2 rows at 16x one row) is measured again, not trusted
+    (key,) = cached
+    cached[key]["2"] = 16 * cached[key]["1"]
+    (tmp_path / "verify-curves.json").write_text(json.dumps(cached))
+    res = generate(model, "--spec", "ngram", "-c", "24")
+    assert res.exit_code == 0 and len(calls) == 2, res.output
+    healed = json.loads((tmp_path / "verify-curves.json").read_text())[key]
+    assert healed["2"] < 2 * healed["1"]
 
 
 def test_the_curve_is_measured_in_rounds_over_every_width(monkeypatch):
@@ -156,8 +164,8 @@ def test_the_curve_is_measured_in_rounds_over_every_width(monkeypatch):
 def test_a_run_heals_a_stale_cached_curve(model, tmp_path, monkeypatch):
     """Live verify passes go back to the cache: a curve 100x too dear (measured on a busy
     machine) comes back near what the passes cost now (from widths timed 8 times or more)."""
-    monkeypatch.setenv("VKDFLASH_CACHE", str(tmp_path))
     file = tmp_path / "verify-curves.json"
+    monkeypatch.setenv("VKDFLASH_CURVES", str(file))
     assert generate(model, "--spec", "ngram", "-c", "24").exit_code == 0
     ((key, measured),) = json.loads(file.read_text()).items()
     file.write_text(json.dumps({key: {n: 100 * s for n, s in measured.items()}}))

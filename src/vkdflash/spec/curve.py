@@ -1,12 +1,14 @@
 """The target's verify cost curve: seconds of an n-row forward with every row's logits, measured
-once per (model file, device, cache types) and kept in $VKDFLASH_CACHE/verify-curves.json; the
-draft-length controller refreshes it from live verify passes."""
+once per (model file, device, cache types) and kept in $VKDFLASH_CACHE/verify-curves.json (or
+the file $VKDFLASH_CURVES names: the tests keep their timings apart); the draft-length controller
+refreshes it from live verify passes."""
 from __future__ import annotations
 
 import json
 import logging
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -51,12 +53,18 @@ def _key(model) -> str:
 def verify_costs(model) -> dict[int, float]:
     """The cached curve for this model, device and cache types, measured now if there is none."""
     known, key = _load(), _key(model)
-    if isinstance(known.get(key), dict):
-        try:
-            return plausible({int(n): float(s) for n, s in known[key].items()})
-        except (TypeError, ValueError):
-            pass
-    log.info("measuring the verify cost curve of this model on this device (once; cached in %s)", _file())
+    cached = known.get(key)
+    try:
+        curve = {int(n): float(s) for n, s in cached.items()} if isinstance(cached, dict) else None
+    except (TypeError, ValueError):
+        curve = None
+    if curve and plausible(curve) == curve:
+        return curve
+    if curve:  # priced by it, a strategy would never draft and so never correct it
+        log.warning("the cached verify cost curve has an n-row pass dearer than n 1-row passes "
+                    "(timed on a starved machine?): measuring it again")
+    else:
+        log.info("measuring the verify cost curve of this model on this device (once; cached in %s)", _file())
     curve = measure(model, reps=3)  # best of 4: one noisy pass once gave a 1-row figure 2.4x too high
     remember(model, curve)
     return curve
@@ -82,8 +90,8 @@ def remember(model, seconds: dict) -> None:
         log.warning("could not cache the verify cost curve in %s: %s", _file(), exc)
 
 
-def _file():
-    return cache_dir() / "verify-curves.json"
+def _file() -> Path:
+    return Path(os.environ.get("VKDFLASH_CURVES") or cache_dir() / "verify-curves.json")
 
 
 def _load() -> dict:
