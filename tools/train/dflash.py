@@ -122,6 +122,14 @@ def parameters(model: Draft) -> dict:
     return out
 
 
+def zero_outputs(model: Draft, new: set) -> None:
+    """Layers added to a trained draft (`new`: their GGUF names) start with zero output
+    projections, so the deeper draft begins as exactly the one it grows from."""
+    for name, p in parameters(model).items():
+        if name in new and name.endswith(("attn_output.weight", "ffn_down.weight")):
+            p.data.zero_()
+
+
 def tensors(model: Draft) -> dict:
     """GGUF name -> f32 numpy array."""
     return {k: v.detach().float().numpy() for k, v in parameters(model).items()}

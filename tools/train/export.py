@@ -15,21 +15,25 @@ from gguf.quants import quantize
 from vkdflash.model.gguf_file import GGUFFile
 
 
-def restore(params: dict, path) -> None:
+def restore(params: dict, path, grow: bool = False) -> set:
     """Load an exported draft's weights (dequantized) into `params` (GGUF name -> parameter): the
-    start of a longer run, or of a check. Every tensor must match a parameter's name and shape."""
+    start of a longer run, or of a check. Every tensor must match a parameter's name and shape;
+    with `grow`, parameters the file lacks (a deeper draft's new layers) are left as they are.
+    Returns their names."""
     import torch
     from vkdflash.errors import VkdflashError
     from vkdflash.model.gguf_file import TensorData
     from vkdflash.ref.model import dequantize_tensor
     with GGUFFile(path) as gf:
-        if set(gf.tensors) != set(params):
+        missing = set(params) - set(gf.tensors) if grow else set()
+        if set(gf.tensors) != set(params) - missing:
             raise VkdflashError(f"{path}: its tensors {sorted(set(gf.tensors) ^ set(params))[:4]} do not match the module's")
         for name, t in gf.tensors.items():
             x = torch.from_numpy(np.array(dequantize_tensor(TensorData(t.type_id, t.shape, gf.data(name)))))
             if tuple(x.shape) != tuple(params[name].shape):
                 raise VkdflashError(f"{path}: {name} is {tuple(x.shape)}, the module's {tuple(params[name].shape)}")
             params[name].data = x.to(params[name].dtype)
+    return missing
 
 
 def tokenizer_keys(target_path) -> dict:

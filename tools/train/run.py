@@ -141,7 +141,7 @@ def index_model(data_dirs) -> str:
 @click.option("--out", type=click.Path(dir_okay=False), required=True)
 @click.option("--steps", default=1200, show_default=True)
 @click.option("--block", default=8, show_default=True, type=click.Choice(["8", "16"]))
-@click.option("--layers", "n_layer", default=1, show_default=True, help="draft decoder layers")
+@click.option("--layers", "n_layer", default=1, show_default=True, help="draft decoder layers (more than --init's: the new ones start as identity)")
 @click.option("--seqs", default=8, show_default=True, help="sequences per step")
 @click.option("--anchors", default=16, show_default=True, help="anchors (blocks) per sequence")
 @click.option("--lr", default=3e-4, show_default=True)
@@ -152,7 +152,7 @@ def index_model(data_dirs) -> str:
 def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr, teacher, n_vocab):
     """Train a DFlash draft on `data` output and write it as a llama.cpp-format GGUF."""
     from data import Dataset
-    from dflash import Draft, parameters, sample_batch, tensors
+    from dflash import Draft, parameters, sample_batch, tensors, zero_outputs
     from export import dflash_metadata, restore, target_identity, write
     block = int(block)
     path = index_model(data_dirs)
@@ -160,7 +160,8 @@ def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr, 
     ds = Dataset(data_dirs, DFLASH_LAYERS + ((target.hp.n_layer,) if teacher else ()))
     model = Draft(target, DFLASH_LAYERS, n_layer, block, vocab=draft_tokens(ds, n_vocab))
     if init:
-        restore(parameters(model), init)
+        grown = restore(parameters(model), init, grow=True)
+        zero_outputs(model, grown)
     rng = np.random.default_rng(ctx.obj["seed"])
     d_in = len(DFLASH_LAYERS) * target.hp.n_embd
 
