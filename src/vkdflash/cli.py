@@ -116,10 +116,13 @@ def conformance(device, pattern, json_path, quick) -> None:
         raise VkdflashError(f"no conformance case matches {pattern!r}")
     ctx = Context(device)
     results = []
-    with click.progressbar(cases, label=f"conformance on {ctx.features.name}", file=sys.stderr,
-                           item_show_func=lambda c: c.name if c else "") as bar:
-        for case in bar:
-            results.append(run_case(ctx, case))
+    try:
+        with click.progressbar(cases, label=f"conformance on {ctx.features.name}", file=sys.stderr,
+                               item_show_func=lambda c: c.name if c else "") as bar:
+            for case in bar:
+                results.append(run_case(ctx, case))
+    finally:
+        ctx.close()
     width = max(len(r.case.name) for r in results)
     click.echo(f"{'case':<{width}}  {'error':>10}  {'threshold':>9}  pass")
     for r in results:

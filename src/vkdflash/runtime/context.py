@@ -88,6 +88,11 @@ class Context:
             pipe = self.pipelines[key] = Pipeline(self, shader, n_bindings, push_size, tuple(spec), tuple(texels))
         return pipe
 
+    def drop_pipelines(self, keys) -> None:
+        """Destroy these cached pipelines (the device must be idle)."""
+        for key in keys:
+            self.pipelines.pop(key).destroy()
+
     # -- submission ---------------------------------------------------------
     def command_buffer(self):
         vk = self.vk
