@@ -84,7 +84,7 @@ def test_quantized_draft_cache_keeps_acceptance(smollm2, f16, name, ctype, ratio
     assert rate >= ratio * base
 
 
-def test_negative_control_unrotated_injection_collapses_dflash(smollm2, f16, monkeypatch):
+def test_negative_control_unrotated_injection_collapses_dflash(smollm2, f16, monkeypatch, caplog):
     """Test-only monkeypatch: DFlash's injection graphs store K/V without rotation (the read path
     still rotates Q and un-rotates the output), as llama.cpp's side door did. Acceptance must fall
     below 0.2x the f16 figure on a quantized cache; if it did not, the parity tests above could
@@ -100,10 +100,14 @@ def test_negative_control_unrotated_injection_collapses_dflash(smollm2, f16, mon
             return record(self, n)
 
     monkeypatch.setattr(DFlash, "_record_inject", record_unrotated)
-    rate, _ = acceptance(smollm2, "dflash", "q4_0")
+    with caplog.at_level(logging.WARNING, logger="vkdflash"):
+        rate, _ = acceptance(smollm2, "dflash", "q4_0")
     base = f16["dflash"][0]
     print(f"\ndflash q4_0 with unrotated injection: acceptance {rate:.3f} vs f16 {base:.3f}")
     assert rate < 0.2 * base
+    # and the watchdog names the draft cache to a user who meets it
+    warned = [r.getMessage() for r in caplog.records if "far below" in r.getMessage()]
+    assert len(warned) == 1 and "the quantized draft cache (K q4_0, V q4_0" in warned[0], warned
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))

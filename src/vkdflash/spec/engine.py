@@ -26,7 +26,10 @@ from .verify import verify, verify_greedy
 
 log = logging.getLogger("vkdflash")
 WATCH_STEPS = 24    # verify steps with drafts before the watchdog judges acceptance
-WATCH_RATIO = 0.5   # live a_1 below this share of the draft's recorded a_1 is "far below"
+# live a_1 below this share of the draft's recorded a_1 is "far below": the bug it exists for
+# (unrotated injection) falls below 0.2x, while single suite prompts, walked in torch with the
+# shipped files, fall below 0.5x of their suite's mean on 4 of 24 (both drafts) and 0.25x on none
+WATCH_RATIO = 0.25
 
 
 @dataclass
