@@ -80,6 +80,7 @@ def test_every_command_releases_the_device_it_opened(tmp_path, monkeypatch):
     for args in (["generate", "-m", path, "hi", "-n", "3", "-c", "64", "--spec", "ngram"],
                  ["bench", "model", "-m", path, "-p", "4", "-n", "2"],
                  ["bench", "spec", "-m", path, "-n", "4", "-c", "64", "--spec", "ngram", "--reps", "1"],
+                 ["bench", "kernels", "--reps", "1"], ["conformance", "--filter", "softmax"],
                  ["generate", "-m", path, "x" * 300, "-c", "16"]):  # a one-line error on the way out
         before = len(opened)
         res = run(*args)

@@ -32,7 +32,11 @@ def bench_kernels(device, json_path, reps) -> None:
     """Matvec GB/s (4096x4096, F16/Q8_0/Q4_0) next to plain-copy GB/s, plus dispatch/submit overhead."""
     from .bench import kernels
     from .runtime.context import Context
-    report = kernels(Context(device), reps)
+    ctx = Context(device)
+    try:
+        report = kernels(ctx, reps)
+    finally:
+        ctx.close()
     emit_json(report, json_path)
 
 
