@@ -18,14 +18,14 @@ from vkdflash.model.gguf_file import GGUFFile
 def restore(params: dict, path, grow: bool = False) -> set:
     """Load an exported draft's weights (dequantized) into `params` (GGUF name -> parameter): the
     start of a longer run, or of a check. Every tensor must match a parameter's name and shape;
-    with `grow`, parameters the file lacks (a deeper draft's new layers) are left as they are.
+    with `grow`, layers the file lacks (a deeper draft's new ones) are left as they are.
     Returns their names."""
     import torch
     from vkdflash.errors import VkdflashError
     from vkdflash.model.gguf_file import TensorData
     from vkdflash.ref.model import dequantize_tensor
     with GGUFFile(path) as gf:
-        missing = set(params) - set(gf.tensors) if grow else set()
+        missing = {n for n in set(params) - set(gf.tensors) if n.startswith("blk.")} if grow else set()
         if set(gf.tensors) != set(params) - missing:
             raise VkdflashError(f"{path}: its tensors {sorted(set(gf.tensors) ^ set(params))[:4]} do not match the module's")
         for name, t in gf.tensors.items():

@@ -141,7 +141,8 @@ def index_model(data_dirs) -> str:
 @click.option("--out", type=click.Path(dir_okay=False), required=True)
 @click.option("--steps", default=1200, show_default=True)
 @click.option("--block", default=8, show_default=True, type=click.Choice(["8", "16"]))
-@click.option("--layers", "n_layer", default=1, show_default=True, help="draft decoder layers (more than --init's: the new ones start as identity)")
+@click.option("--layers", "n_layer", default=1, show_default=True,
+              help="draft decoder layers (more than --init's: the new ones start as identity)")
 @click.option("--seqs", default=8, show_default=True, help="sequences per step")
 @click.option("--anchors", default=16, show_default=True, help="anchors (blocks) per sequence")
 @click.option("--lr", default=3e-4, show_default=True)
