@@ -206,10 +206,59 @@ def prompt_mix(n: int, tok: Tokenizer, template: ChatTemplate, seed: int,
     return out
 
 
+# The "self" mix (round 10): requests the target writes itself. However many words fill them, our
+# templates are guesses at what users ask; sampled from its chat template's user turn (or from a
+# short code or story opener), the target's requests follow what it was tuned on, which is what
+# its users' prompts resemble. Only its answers (greedy for most) become training data.
+FENCE = "```python\n"  # written before a code opener so the target knows it writes Python; cut after
+SELF_CODE = ("def", "class", "import", "from", "#", "for", "@", "with", "while", "if __name__")
+SELF_TEXT = ("Once upon a time", "Long ago,", "One day,", "There once was", "In a small town", "It was a",
+             "The old", "Every morning", "Deep in the", "When the")
+
+
+def self_prompts(target, tok: Tokenizer, template: ChatTemplate, n: int, seed: int,
+                 batch: int) -> list[tuple[str, list[int]]]:
+    """Up to n (kind, token ids) prompts written by the target at T 1 (top-k 50): ~45% chat requests
+    (its own user turns, the finished ones), ~35% code and ~20% story text (an opener continued, cut
+    at a random line end or word end). A prompt holding the first line of an acceptance-suite prompt
+    (the target writes `def is_prime(n):` and `import json` too) is dropped: the suite stays unseen."""
+    from vkdflash.suite import PROMPTS
+    suite = [p.text.strip().splitlines()[0].lower() for p in PROMPTS]
+    rng = random.Random(seed)
+    user_turn = template.render([{"role": "user", "content": "\0"}], add_generation_prompt=False).split("\0")[0]
+    head = tok.encode(user_turn, add_special=True, parse_special=True)
+    head = head[1:] if len(head) > 1 and head[0] == head[1] == tok.bos_id else head
+    kinds = ["chat" if r < 0.45 else "code" if r < 0.8 else "story" for r in (rng.random() for _ in range(n))]
+    seeds = [head if k == "chat" else tok.encode(FENCE + rng.choice(SELF_CODE)) if k == "code"
+             else tok.encode(rng.choice(SELF_TEXT)) for k in kinds]
+    written, _ = generate(target, seeds, 48, (), batch, seed, tok.eog_ids, sampled=1.0, temp=1.0, top_k=50)
+    out = []
+
+    def keep(kind, ids):
+        if not any(line in tok.decode(ids).lower() for line in suite):
+            out.append((kind, ids))
+    for kind, start, seq in zip(kinds, seeds, written):
+        new = [int(t) for t in seq[len(start):]]
+        if kind == "chat":
+            ask = tok.decode(new[:-1]).strip() if new and new[-1] in tok.eog_ids else ""
+            if len(ask.split()) >= 3:
+                keep(kind, chat_prompt_ids(tok, template, [{"role": "user", "content": ask}])[:192])
+            continue
+        text = tok.decode(seq).removeprefix(FENCE).split("```")[0]
+        first = len(tok.decode(start).removeprefix(FENCE))
+        ends = [i + 1 for i, c in enumerate(text) if c == "\n" and i >= first] if kind == "code" else \
+            [i for i, c in enumerate(text) if c == " " and i > first + 8]
+        if ends:
+            keep(kind, tok.encode(text[:rng.choice(ends)]))
+    return out
+
+
 @torch.no_grad()
-def generate(target, prompts, n_new: int, capture, batch: int, seed: int, eog=frozenset(), sampled=0.25):
-    """Continue every prompt by up to n_new tokens. Returns (token arrays, prompt lengths, feature
-    arrays [L - 1, len(capture), d] f16: the captured layer inputs of every position fed)."""
+def generate(target, prompts, n_new: int, capture, batch: int, seed: int, eog=frozenset(), sampled=0.25,
+             temp=0.7, top_k=0):
+    """Continue every prompt by up to n_new tokens: a `sampled` share of them at `temp` (top_k: only the
+    k likeliest tokens), the rest greedy. Returns (token arrays, feature arrays [L - 1, len(capture), d]
+    f16: the captured layer inputs of every position fed; None without capture)."""
     g = torch.Generator().manual_seed(seed)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     tokens, feats = [None] * len(prompts), [None] * len(prompts)
@@ -227,13 +276,13 @@ def generate(target, prompts, n_new: int, capture, batch: int, seed: int, eog=fr
         pos = (torch.arange(Lp)[None, :] - pad[:, None]).clamp(min=0)
         mask = (key_ok[:, None, None, :Lp] & torch.ones(Lp, Lp, dtype=torch.bool).tril()[None, None])
         mask |= torch.eye(Lp, dtype=torch.bool)[None, None]  # padded rows see themselves (no NaN)
-        temp = (torch.rand(B, generator=g) < sampled).float() * 0.7
+        row_temp = (torch.rand(B, generator=g) < sampled).float() * temp
         x, seen = target.forward(ids, pos, mask, cache, 0, capture)
-        row_feats = [torch.stack([seen[c] for c in capture], 2).half()]  # [B, T, C, d]
+        row_feats = [torch.stack([seen[c] for c in capture], 2).half()] if capture else []  # [B, T, C, d]
         out, done = [], torch.zeros(B, dtype=torch.bool)
         last = x[:, -1:]
         for t in range(n_new):
-            nxt = _pick(target.lm_head(last[:, 0]), temp, g)
+            nxt = _pick(target.lm_head(last[:, 0]), row_temp, g, top_k)
             out.append(nxt)
             done |= torch.tensor([int(v) in eog for v in nxt])
             if done.all() or t == n_new - 1:
@@ -241,23 +290,27 @@ def generate(target, prompts, n_new: int, capture, batch: int, seed: int, eog=fr
             p = Lp + t
             mask = key_ok[:, None, None, :p + 1]
             last, seen = target.forward(nxt[:, None], (p - pad)[:, None], mask, cache, p, capture)
-            row_feats.append(torch.stack([seen[c] for c in capture], 2).half())
+            if capture:
+                row_feats.append(torch.stack([seen[c] for c in capture], 2).half())
         gen = torch.stack(out, 1)
-        allf = torch.cat(row_feats, 1)
+        allf = torch.cat(row_feats, 1) if capture else None
         for r, i in enumerate(idx):
             g_ids = gen[r].tolist()
             stop = next((j + 1 for j, v in enumerate(g_ids) if v in eog), len(g_ids))
             seq = prompts[i] + g_ids[:stop]
             tokens[i] = np.array(seq, np.int32)
-            feats[i] = allf[r, pad[r]:pad[r] + len(seq) - 1].numpy()
+            feats[i] = allf[r, pad[r]:pad[r] + len(seq) - 1].numpy() if capture else None
     return tokens, feats
 
 
-def _pick(logits, temp, g):
+def _pick(logits, temp, g, top_k=0):
     out = logits.argmax(-1)
     hot = (temp > 0).nonzero()[:, 0]
     if len(hot):
-        probs = torch.softmax(logits[hot] / temp[hot, None], -1)
+        logits = logits[hot]
+        if top_k:
+            logits = logits.masked_fill(logits < logits.topk(top_k, -1).values[:, -1:], float("-inf"))
+        probs = torch.softmax(logits / temp[hot, None], -1)
         out[hot] = torch.multinomial(probs, 1, generator=g)[:, 0]
     return out
 

@@ -29,7 +29,7 @@ import click
 import numpy as np
 import torch
 
-from data import generate, load_text_tools, prompt_mix
+from data import generate, load_text_tools, prompt_mix, self_prompts
 from dflash import lr_at
 from target import Target
 
@@ -64,16 +64,20 @@ def cli(ctx, threads, seed, bf16):
 @click.option("--prompts", default=1024, show_default=True)
 @click.option("--new", "n_new", default=96, show_default=True, help="tokens generated per prompt")
 @click.option("--batch", default=64, show_default=True)
-@click.option("--mix", type=click.Choice(["stdlib", "varied", "words"]), default="stdlib", show_default=True,
+@click.option("--mix", type=click.Choice(["stdlib", "varied", "words", "self"]), default="stdlib", show_default=True,
               help="varied: half the prompts short code starts, wider questions and story openers (round 6); "
-                   "words: requests naming words drawn from the tokenizer's vocabulary (round 7)")
+                   "words: requests naming words drawn from the tokenizer's vocabulary (round 7); self: requests "
+                   "the target writes itself at T 1 (round 10)")
 @click.pass_context
 def data(ctx, model_path, out, prompts, n_new, batch, mix):
     """The target's continuations of a prompt mix, with its layer inputs at every position."""
     path = resolve(model_path)
     target = Target(path, torch.bfloat16 if ctx.obj["bf16"] else torch.float32)
     tok, template = load_text_tools(path)
-    mix = prompt_mix(prompts, tok, template, ctx.obj["seed"], varied=mix == "varied", words=mix == "words")
+    if mix == "self":
+        mix = self_prompts(target, tok, template, prompts, ctx.obj["seed"], batch)
+    else:
+        mix = prompt_mix(prompts, tok, template, ctx.obj["seed"], varied=mix == "varied", words=mix == "words")
     capture = DFLASH_LAYERS + (target.hp.n_layer,)
     tokens, feats = generate(target, [ids for _, ids in mix], n_new, capture, batch, ctx.obj["seed"], tok.eog_ids)
     out = Path(out)
