@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Record the speed figures the speculation work is judged by, side by side, into
-benchmarks/<device>.json, so a later change can be compared with `git diff` and a rerun.
+benchmarks/<device>.json (lavapipe: <device>-<cpu>.json), so a later change can be compared with `git diff` and a rerun.
 
     python tools/bench_record.py            # the default model; run on an idle machine
 
@@ -79,7 +79,9 @@ def main() -> None:
                 extra = ["--draft-fixed"] if mode == "fixed" else []
                 out.setdefault(name, {})[mode] = spec_figures(vkdflash("bench", "spec", "-n", "128", "--reps", "5",
                                                                        *args, *extra))
-    slug = re.sub(r"[^a-z0-9]+", "-", out["device"].lower()).strip("-")
+    # lavapipe's figures are the host CPU's: one record per CPU model, not one the next host overwrites
+    name = out["device"] + (" " + out["cpu"].rpartition(" (")[0] if "llvmpipe" in out["device"] else "")
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     dest = ROOT / "benchmarks" / f"{slug}.json"
     dest.parent.mkdir(exist_ok=True)
     dest.write_text(json.dumps(out, indent=1) + "\n")
