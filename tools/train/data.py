@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from vkdflash.chat import ChatTemplate, chat_prompt_ids
+from vkdflash.suite import PROMPTS
 from vkdflash.model.gguf_file import GGUFFile
 from vkdflash.tokenizer import Tokenizer
 
@@ -222,7 +223,6 @@ def self_prompts(target, tok: Tokenizer, template: ChatTemplate, n: int, seed: i
     (its own user turns, the finished ones), ~35% code and ~20% story text (an opener continued, cut
     at a random line end or word end). A prompt holding the first line of an acceptance-suite prompt
     (the target writes `def is_prime(n):` and `import json` too) is dropped: the suite stays unseen."""
-    from vkdflash.suite import PROMPTS
     suite = [p.text.strip().splitlines()[0].lower() for p in PROMPTS]
     rng = random.Random(seed)
     user_turn = template.render([{"role": "user", "content": "\0"}], add_generation_prompt=False).split("\0")[0]
