@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Record the speed figures the speculation work is judged by, side by side, into
-benchmarks/<device>.json (lavapipe: <device>-<cpu>.json), so a later change can be compared with `git diff` and a rerun.
+benchmarks/<device>.json (lavapipe: <device>-<cpu>.json), so a later change can be compared with
+`git diff` and a rerun.
 
     python tools/bench_record.py            # the default model; run on an idle machine
 

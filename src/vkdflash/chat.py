@@ -74,7 +74,11 @@ class ChatTemplate:
 def chat_prompt_ids(tokenizer, template: ChatTemplate, messages, add_generation_prompt: bool = True) -> list[int]:
     """Token ids of a rendered chat: special tokens in the text parsed, BOS added as the model says
     unless the template already wrote it."""
-    text = template.render(messages, add_generation_prompt)
+    return rendered_ids(tokenizer, template.render(messages, add_generation_prompt))
+
+
+def rendered_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of text a chat template wrote (all or part of a chat), as chat_prompt_ids takes them."""
     ids = tokenizer.encode(text, add_special=True, parse_special=True)
     if tokenizer.add_bos and len(ids) > 1 and ids[0] == ids[1] == tokenizer.bos_id:
         ids = ids[1:]

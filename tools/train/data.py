@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from vkdflash.chat import ChatTemplate, chat_prompt_ids
-from vkdflash.suite import PROMPTS
+from vkdflash.chat import ChatTemplate, chat_prompt_ids, rendered_ids
 from vkdflash.model.gguf_file import GGUFFile
+from vkdflash.suite import PROMPTS
 from vkdflash.tokenizer import Tokenizer
 
 SUBJECTS = ("a lighthouse keeper", "a robot who learns to paint", "two rival bakers", "a lost kitten",
@@ -226,8 +226,7 @@ def self_prompts(target, tok: Tokenizer, template: ChatTemplate, n: int, seed: i
     suite = [p.text.strip().splitlines()[0].lower() for p in PROMPTS]
     rng = random.Random(seed)
     user_turn = template.render([{"role": "user", "content": "\0"}], add_generation_prompt=False).split("\0")[0]
-    head = tok.encode(user_turn, add_special=True, parse_special=True)
-    head = head[1:] if len(head) > 1 and head[0] == head[1] == tok.bos_id else head
+    head = rendered_ids(tok, user_turn)
     kinds = ["chat" if r < 0.45 else "code" if r < 0.8 else "story" for r in (rng.random() for _ in range(n))]
     seeds = [head if k == "chat" else tok.encode(FENCE + rng.choice(SELF_CODE)) if k == "code"
              else tok.encode(rng.choice(SELF_TEXT)) for k in kinds]
