@@ -302,6 +302,29 @@ def generate(target, prompts, n_new: int, capture, batch: int, seed: int, eog=fr
     return tokens, feats
 
 
+def recapture(target, tokens, capture, batch: int):
+    """The layer inputs `capture` at positions 0..L-2 of finished sequences, teacher-forced in one
+    pass each: what generate() captured as it wrote them (the same forward), for layers it did not
+    keep. Returns feature arrays [L - 1, len(capture), d] f16."""
+    order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))
+    feats = [None] * len(tokens)
+    for first in tqdm(range(0, len(order), batch), desc="recapture", unit="batch"):
+        idx = order[first:first + batch]
+        B, T = len(idx), max(len(tokens[i]) for i in idx) - 1
+        pad = torch.tensor([T - (len(tokens[i]) - 1) for i in idx])
+        ids = torch.zeros(B, T, dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, pad[r]:] = torch.from_numpy(tokens[i][:-1].astype(np.int64))
+        pos = (torch.arange(T)[None, :] - pad[:, None]).clamp(min=0)
+        mask = (torch.arange(T)[None, None, None, :] >= pad[:, None, None, None]) & torch.ones(T, T, dtype=torch.bool).tril()
+        mask |= torch.eye(T, dtype=torch.bool)[None, None]
+        _, seen = target.forward(ids, pos, mask, target.new_cache(B, T), 0, capture)
+        allf = torch.stack([seen[c] for c in capture], 2).half()
+        for r, i in enumerate(idx):
+            feats[i] = allf[r, pad[r]:].numpy()
+    return feats
+
+
 def _pick(logits, temp, g, top_k=0):
     out = logits.argmax(-1)
     hot = (temp > 0).nonzero()[:, 0]

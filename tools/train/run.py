@@ -1,6 +1,7 @@
 """Train the shipped drafts for a target: data, then a DFlash draft and an MTP head.
 
     python tools/train/run.py data   --out DIR [--prompts 1024] [--new 96] [--mix varied]
+    python tools/train/run.py recapture --data DIR --out DIR2 --capture 2,10,18,29,30
     python tools/train/run.py --threads 1 dflash --data DIR --out FILE.gguf [--steps 1100 --lr 4e-4]
     python tools/train/run.py --threads 1 mtp    --data DIR --out FILE.gguf [--steps 950 --lr 4e-4]
     python tools/train/run.py stamp FILE.gguf --suite-json S --strategy NAME [--cpu-speedup X]
@@ -29,7 +30,7 @@ import click
 import numpy as np
 import torch
 
-from data import generate, load_text_tools, prompt_mix, self_prompts
+from data import generate, load_text_tools, prompt_mix, recapture, self_prompts
 from dflash import lr_at
 from target import Target
 
@@ -91,6 +92,28 @@ def data(ctx, model_path, out, prompts, n_new, batch, mix):
     click.echo(f"{len(tokens)} sequences, {lengths.sum()} tokens -> {out}")
 
 
+@cli.command("recapture")
+@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--out", type=click.Path(file_okay=False), required=True)
+@click.option("--capture", required=True, help="layer inputs to keep (llama.cpp ids, comma-separated)")
+@click.option("--batch", default=32, show_default=True)
+@click.pass_context
+def recapture_cmd(ctx, data_dir, out, capture, batch):
+    """The same sequences as `data` output, with other layer inputs captured (teacher-forced)."""
+    index = json.loads((Path(data_dir) / "index.json").read_text())
+    target = Target(index["model"], torch.bfloat16 if ctx.obj["bf16"] else torch.float32)
+    flat, ends = np.load(Path(data_dir) / "tokens.npy"), np.cumsum(index["lengths"])
+    tokens = np.split(flat, ends[:-1])
+    layers = tuple(int(x) for x in capture.split(","))
+    feats = recapture(target, tokens, layers, batch)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / "tokens.npy", flat)
+    np.save(out / "features.npy", np.concatenate(feats))
+    (out / "index.json").write_text(json.dumps(index | {"capture": list(layers)}))
+    click.echo(f"{len(tokens)} sequences, layers {list(layers)} -> {out}")
+
+
 def train_loop(model, batches, steps: int, lr: float, desc: str, bf16: bool = False):
     """AdamW with warmup + cosine; batches(step) -> loss, per-position accuracy. Progress via tqdm."""
     from contextlib import nullcontext
@@ -147,6 +170,9 @@ def index_model(data_dirs) -> str:
 @click.option("--block", default=8, show_default=True, type=click.Choice(["8", "16"]))
 @click.option("--layers", "n_layer", default=1, show_default=True,
               help="draft decoder layers (more than --init's: the new ones start as identity)")
+@click.option("--target-layers", default=",".join(map(str, DFLASH_LAYERS)), show_default=True,
+              help="the target's layer inputs the draft reads (llama.cpp ids; the target's layer count: its final "
+                   "state); each must be in the data's capture")
 @click.option("--seqs", default=8, show_default=True, help="sequences per step")
 @click.option("--anchors", default=16, show_default=True, help="anchors (blocks) per sequence")
 @click.option("--lr", default=3e-4, show_default=True)
@@ -154,7 +180,7 @@ def index_model(data_dirs) -> str:
               help="learn the target's own distribution for each token (its LM head on its state), or the data's tokens")
 @vocab_option
 @click.pass_context
-def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr, teacher, n_vocab):
+def dflash(ctx, data_dirs, init, out, steps, block, n_layer, target_layers, seqs, anchors, lr, teacher, n_vocab):
     """Train a DFlash draft on `data` output and write it as a llama.cpp-format GGUF."""
     from data import Dataset
     from dflash import Draft, parameters, sample_batch, tensors, zero_outputs
@@ -162,13 +188,14 @@ def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr, 
     block = int(block)
     path = index_model(data_dirs)
     target = Target(path)
-    ds = Dataset(data_dirs, DFLASH_LAYERS + ((target.hp.n_layer,) if teacher else ()))
-    model = Draft(target, DFLASH_LAYERS, n_layer, block, vocab=draft_tokens(ds, n_vocab))
+    layers = tuple(int(x) for x in target_layers.split(","))
+    ds = Dataset(data_dirs, layers + ((target.hp.n_layer,) if teacher else ()))
+    model = Draft(target, layers, n_layer, block, vocab=draft_tokens(ds, n_vocab))
     if init:
         grown = restore(parameters(model), init, grow=True)
         zero_outputs(model, grown)
     rng = np.random.default_rng(ctx.obj["seed"])
-    d_in = len(DFLASH_LAYERS) * target.hp.n_embd
+    d_in = len(layers) * target.hp.n_embd
 
     def batch(step):
         feats, tokens, anchors_ = sample_batch(ds, rng, seqs, anchors, block)
@@ -180,7 +207,7 @@ def dflash(ctx, data_dirs, init, out, steps, block, n_layer, seqs, anchors, lr, 
              f"seed {ctx.obj['seed']}, {len(ds.lengths)} self-distilled sequences"
              + (f", from {Path(init).name}" if init else "") + "; train top-1 per position "
              + " ".join(f"{a:.2f}" for a in acc.tolist()))
-    md = dflash_metadata(target.hp, n_layer, block, DFLASH_LAYERS, model.mask_token, path, notes)
+    md = dflash_metadata(target.hp, n_layer, block, layers, model.mask_token, path, notes)
     write(out, "dflash", md | target_identity(path), tensors(model))
     click.echo(f"wrote {out}: {notes}")
 
