@@ -184,6 +184,7 @@ class Model:
     def _recorded(self, n: int, all_logits: bool, capture: tuple, greedy: bool) -> Graph:
         t0 = time.perf_counter()
         graph = self._record(n, all_logits, capture, greedy)
+        graph.ready()
         seconds, family = time.perf_counter() - t0, self._family(n, all_logits)
         if family in self.first_record:
             self.graph_seconds.append(seconds)

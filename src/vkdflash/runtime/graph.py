@@ -25,7 +25,7 @@ class Dispatch:
 
 class Graph:
     """Dispatches recorded in order. What they bind is kept to the graph: its public surface is
-    dispatch, run, timings, after_run, len and destroy."""
+    dispatch, ready, run, timings, after_run, len and destroy."""
 
     def __init__(self, ctx, timestamps: bool = False):
         self.ctx = ctx
@@ -59,6 +59,12 @@ class Graph:
         self._dispatches.append(d)
         if owners:
             self._acting.approve(self, d)
+
+    def ready(self) -> None:
+        """Wait until every kernel the graph dispatches has compiled (they compile side by side
+        from the first dispatch that names them): what a first pass pays beyond running it."""
+        for d in self._dispatches:
+            d.pipeline.handle  # noqa: B018 (waits)
 
     @contextmanager
     def on_behalf_of(self, owner):

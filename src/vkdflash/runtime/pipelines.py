@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from concurrent.futures import Future
 from importlib import resources
 
 from ..errors import VkdflashError
@@ -34,7 +35,10 @@ def _spec_word(value) -> bytes:
 
 
 class Pipeline:
-    def __init__(self, ctx, shader: str, n_bindings: int, push_size: int, spec: tuple, texels: tuple = ()):
+    def __init__(self, ctx, shader: str, n_bindings: int, push_size: int, spec: tuple, texels: tuple, compiler):
+        """Compiles on `compiler` (an Executor) and returns at once; `handle` waits for it. A compile
+        is one driver call, most of a first pass's cost (lavapipe: 0.3 s a matmul kernel with
+        Mesa's disk cache warm), and drivers compile several pipelines at once on their threads."""
         vk, ffi = ctx.vk, ctx.ffi
         self.ctx, self.shader, self.n_bindings, self.push_size = ctx, shader, n_bindings, push_size
         self.texels = frozenset(texels)  # bindings that are uniform texel buffers
@@ -60,8 +64,18 @@ class Pipeline:
                                                 dataSize=len(data), pData=self._spec_data)
         stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module,
                                                    pName="main", pSpecializationInfo=spec_info)
-        self.handle = vk.vkCreateComputePipelines(ctx.device, None, 1, [vk.VkComputePipelineCreateInfo(
-            stage=stage, layout=self.layout)], None)[0]
+        info = [vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)]
+        # the cffi memory `info` points into (entry name, specialization map) lives as long as
+        # the Python objects that made it: kept until the compile has run
+        self._infos = (stage, spec_info, entries, info)
+        create = lambda: vk.vkCreateComputePipelines(ctx.device, None, 1, info, None)[0]  # noqa: E731
+        self._handle = compiler.submit(create)
+
+    @property
+    def handle(self):
+        if isinstance(self._handle, Future):
+            self._handle, self._infos = self._handle.result(), None
+        return self._handle
 
     def descriptor_type(self, binding: int) -> int:
         vk = self.ctx.vk
