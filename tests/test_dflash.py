@@ -418,14 +418,15 @@ def test_a_draft_vocabulary_narrows_the_lm_head_to_the_same_drafts(ctx0, target,
     model.close()
 
 
-@pytest.mark.parametrize("inject_rows", [64, 3])
+@pytest.mark.parametrize("inject_rows,idle_hold", [(64, 1024), (3, 12)])
 def test_positions_committed_while_idle_are_injected_before_the_next_proposal(ctx0, target, ref_weights, files,
-                                                                              monkeypatch, inject_rows):
+                                                                              monkeypatch, inject_rows, idle_hold):
     """While the controller idles at k 0 the draft injects nothing; what was committed meanwhile
-    (at most INJECT_ROWS held back) is injected before the next proposal, which then equals the
-    numpy pipeline's, injected step by step."""
+    (at most INJECT_ROWS held back, or IDLE_HOLD before the request's first proposal) is injected
+    before the next proposal, which then equals the numpy pipeline's, injected step by step."""
     import vkdflash_dflash.strategy as strategy
     monkeypatch.setattr(strategy, "INJECT_ROWS", inject_rows)
+    monkeypatch.setattr(strategy, "IDLE_HOLD", idle_hold)
     model = Model(ctx0, target, n_ctx=64)
     sctx = strategy_ctx(ctx0, model, files["draft"], draft_max=4)
     s = factory(sctx)
@@ -441,7 +442,10 @@ def test_positions_committed_while_idle_are_injected_before_the_next_proposal(ct
         if step % 5 == 4:  # a proposal after 4 idle steps
             assert s.propose(sctx, last, 4).tokens == ref.draft(last, 4, 0.0)[0]
             proposals += 1
-        assert sum(len(f) for _, f in s.pending) < inject_rows
+        held = sum(len(f) for _, f in s.pending)
+        assert held < (inject_rows if proposals else idle_hold)
+        if not proposals and len(sctx.tokens) < idle_hold:
+            assert held == len(sctx.tokens)  # nothing injected before the first proposal
         out = tgt.forward([last], capture_layers=layers)
         sctx.new_start, sctx.tokens, sctx.new_hidden = len(sctx.tokens), sctx.tokens + [last], out.hidden
         s.commit(sctx)

@@ -386,13 +386,15 @@ def test_a_bad_draft_vocabulary_is_a_one_line_error(ctx0, files, tmp_path, liste
     model.close()
 
 
-@pytest.mark.parametrize("max_pending", [64, 3])
-def test_positions_committed_while_idle_are_written_before_the_next_proposal(ctx0, files, monkeypatch, max_pending):
+@pytest.mark.parametrize("max_pending,idle_hold", [(64, 1024), (3, 14)])
+def test_positions_committed_while_idle_are_written_before_the_next_proposal(ctx0, files, monkeypatch, max_pending,
+                                                                             idle_hold):
     """While the controller idles at k 0 the head writes nothing; the positions committed meanwhile
-    (held back, at most MAX_PENDING) are written before the next proposal, which then equals the
-    numpy reference's, kept up to date step by step."""
+    (held back, at most MAX_PENDING, or IDLE_HOLD before the request's first proposal) are written
+    before the next proposal, which then equals the numpy reference's, kept up to date step by step."""
     import vkdflash_mtp
     monkeypatch.setattr(vkdflash_mtp, "MAX_PENDING", max_pending)
+    monkeypatch.setattr(vkdflash_mtp, "IDLE_HOLD", idle_hold)
     mf = load_model(files["heads"])
     model = Model(ctx0, mf, n_ctx=96)
     sctx = context(ctx0, model, draft_max=3)
@@ -409,7 +411,9 @@ def test_positions_committed_while_idle_are_written_before_the_next_proposal(ctx
             assert gpu.propose(sctx, last, 3).tokens == ref.propose(last, 3)[0]
             proposals += 1
         held = sum(len(t) for _, t, _ in gpu.pending)
-        assert held < max_pending
+        assert held < (max_pending if proposals else idle_hold)
+        if not proposals and len(sctx.tokens) - 1 < idle_hold:
+            assert held == len(sctx.tokens) - 1  # nothing written before the first proposal
         start = len(sctx.tokens)
         out = model.forward([last], capture=gpu.capture_layers)
         hand_over(sctx, out, start, [last])

@@ -10,7 +10,9 @@ propose: tokens [last, MASK x n] at P..P+n (P = committed positions = injected p
   read; the block's rows are dropped afterwards and overwritten by the next injection.
 One graph is recorded per shape and replayed; ids, positions and first position live in small
 buffers rewritten per step. Committed features wait for the next proposal (at most INJECT_ROWS
-of them, then one injection pass): a step the draft-length controller leaves plain pays nothing."""
+of them, then one injection pass): a step the draft-length controller leaves plain pays nothing.
+Until a request's first proposal up to IDLE_HOLD wait, so a run that never drafts never compiles
+the injection graph either (1.3 s of a 128-token `generate` on lavapipe)."""
 from __future__ import annotations
 
 import logging
@@ -26,6 +28,7 @@ from .draft_file import load_draft
 
 log = logging.getLogger("vkdflash")
 INJECT_ROWS = 64  # positions fused per injection pass (longer prompts go in chunks)
+IDLE_HOLD = 1024  # positions that may wait before a request's first proposal (~9 KB each)
 SHIPPED = Path(__file__).parent / "drafts"  # drafts trained for particular targets (tools/train)
 
 
@@ -56,7 +59,7 @@ class DFlash(Strategy):
             self.close()
             raise
         self.draft.close()  # every tensor now lives in device buffers
-        self.n_injected, self.pending = 0, []
+        self.n_injected, self.pending, self.drafting = 0, [], False
         log.info("dflash draft %s: %d layers, block size %d, target layers %s, mask token %d, %s embedding, "
                  "%s LM head over %s%s", path, hp.n_layer, hp.block_size, list(hp.target_layers),
                  hp.mask_token_id, "own" if hp.own_embd else "target's", "own" if hp.own_output else "target's",
@@ -126,7 +129,7 @@ class DFlash(Strategy):
 
     # -- the strategy API -----------------------------------------------------------
     def begin(self, ctx) -> None:
-        self.n_injected, self.pending = 0, []
+        self.n_injected, self.pending, self.drafting = 0, [], False
         self.rng = np.random.default_rng(ctx.seed)  # draws the drafts when the request samples
         self._inject(ctx)
 
@@ -146,7 +149,7 @@ class DFlash(Strategy):
             self._flush()  # rewrites positions it had: what is pending must go first
         self.pending.append((start, feats))
         self.n_injected = start + len(feats)
-        if self.n_injected - self.pending[0][0] >= INJECT_ROWS:
+        if self.n_injected - self.pending[0][0] >= (INJECT_ROWS if self.drafting else IDLE_HOLD):
             self._flush()
 
     def _flush(self) -> None:
@@ -168,6 +171,7 @@ class DFlash(Strategy):
             return Proposal([])
         if P != self.n_injected:
             raise VkdflashError(f"dflash drafts at position {P} but holds context for {self.n_injected}")
+        self.drafting = True
         self._flush()
         self.ids.write(np.array([last_token] + [self.hp.mask_token_id] * n, np.uint32))
         self.pos.write(np.arange(P, P + n + 1, dtype=np.uint32))

@@ -8,7 +8,10 @@ cache is made with ctx.create_kv_cache, so it has the draft cache types (-ctkd /
 write goes through the core cache-write hook, rotated like any other. Committed positions are
 written when a proposal needs them (at most MAX_PENDING held back): while the draft-length
 controller idles at k 0, a step pays nothing for the head (its K/V work was ~1 ms of a 25 ms
-step on lavapipe, the cost that switched the head off where no draft length paid)."""
+step on lavapipe, the cost that switched the head off where no draft length paid). Until a
+request's first proposal up to IDLE_HOLD wait, so a run that never drafts (a short cold one on
+lavapipe, where a longer verify would not repay its compile) never compiles the commit graph
+either: 0.9 s of a 128-token `generate`."""
 from __future__ import annotations
 
 import logging
@@ -23,6 +26,7 @@ from .heads import NO_HEADS, SHIPPED, SIDECAR_ARCH, Heads, find_heads, load_side
 __version__ = "0.1.0"
 log = logging.getLogger("vkdflash")
 MAX_PENDING = 64  # committed positions whose K/V may wait for a proposal (one commit graph)
+IDLE_HOLD = 1024  # the same before a request's first proposal (~2 KB a position held)
 __all__ = ["MTP", "NO_HEADS", "Heads", "HeadRunner", "find_heads", "load_sidecar"]
 
 
@@ -47,6 +51,7 @@ class MTP(Strategy):
         self.p_min = ctx.options.p_min
         self.n_written, self.h_prev = 0, None  # head K/V due for positions 0..n_written-1
         self.pending = []  # (states, tokens, first position) not yet written
+        self.drafting = False  # proposed this request: positions wait MAX_PENDING, not IDLE_HOLD
 
     def _vocab(self, ctx):
         vocab = draft_vocab(self.heads.source.metadata, ctx.target.n_vocab, ctx.options.settings)
@@ -67,7 +72,7 @@ class MTP(Strategy):
         return np.asarray(h, np.float32)
 
     def begin(self, ctx) -> None:
-        self.n_written, self.h_prev, self.pending = 0, None, []
+        self.n_written, self.h_prev, self.pending, self.drafting = 0, None, [], False
         self.rng = np.random.default_rng(ctx.seed)  # Gumbel noise when the request samples
         self._update(ctx)
 
@@ -86,7 +91,7 @@ class MTP(Strategy):
         if c - 1 > first:
             self.pending.append((hs[:c - 1 - first], ctx.tokens[first + 1:c], first))
         self.h_prev, self.n_written = new[-1].copy(), c - 1
-        if self.pending and self.n_written - self.pending[0][2] >= MAX_PENDING:
+        if self.pending and self.n_written - self.pending[0][2] >= (MAX_PENDING if self.drafting else IDLE_HOLD):
             self._flush()
 
     def _flush(self) -> None:
@@ -104,6 +109,7 @@ class MTP(Strategy):
         if self.h_prev is None or max_n <= 0:
             return Proposal([])
         m = min(max_n, self.runner.max_depth)
+        self.drafting = True
         self._flush()
         try:
             drafts, probs = self.runner.draft(self.h_prev, last_token, self.n_written, m, self.p_min,
