@@ -248,6 +248,20 @@ def test_summary_says_what_it_chose_and_why():
     assert s["mode"] == "cost-aware" and s["mean_k"] > 0 and s["expected_tps"] > s["plain_tps"]
 
 
+def test_a_fixed_run_claims_no_rates():
+    """--draft-fixed prices nothing (its curve is a placeholder, {1: 1.0}): its summary and stats
+    line give no expected or plain rate (they read 35 against 150 tok/s plain, made up)."""
+    from vkdflash.spec import SpecStats
+    c = DraftController(4, {1: 1.0}, fixed=True)
+    c.choose(64)
+    c.update(4, 4, 2, 0.047, 0.004)
+    s = c.summary()
+    assert s["mode"] == "fixed" and s["expected_tps"] is None and s["plain_tps"] is None
+    stats = SpecStats()
+    stats.strategy, stats.draft_length = "ngram", s
+    assert "mean k 4.0" in stats.line() and "plain" not in stats.line()
+
+
 def test_a_length_whose_kernels_must_compile_is_drafted_only_where_the_run_repays_it():
     """setup(rows): one-time seconds before a first pass of that many rows (lavapipe compiles a
     new batch width in ~1.6 s): a short run stays plain and does not even probe, a long one drafts."""

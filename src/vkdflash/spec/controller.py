@@ -288,11 +288,13 @@ class DraftController:
             self.persist(plausible(curve))
 
     def summary(self) -> dict:
-        """Mean chosen k and why: the expected rate of the mean choice next to plain decoding's."""
+        """Mean chosen k and why: the expected rate of the mean choice next to plain decoding's
+        (None when fixed: that controller prices nothing, its curve is a placeholder)."""
         mean_k = float(np.mean(self.chosen)) if self.chosen else 0.0
         k = int(round(mean_k))
         return {"mode": "fixed" if self.fixed else "cost-aware", "mean_k": mean_k, "held_for_setup": self.held,
-                "expected_tps": self.expected_rate(k), "plain_tps": self.plain_rate(),
+                "expected_tps": None if self.fixed else self.expected_rate(k),
+                "plain_tps": None if self.fixed else self.plain_rate(),
                 "overhead_seconds": self.overhead,
                 "acceptance": [round(float(a), 3) for a in self.acceptance()],
                 "verify_seconds": {str(n): s for n, s in sorted(self.verify.items())}}

@@ -54,8 +54,9 @@ class SpecStats:
                 f"draft {self.draft_seconds:.2f}s inject {self.inject_seconds:.2f}s")
         d = self.draft_length
         if d:
-            text += (f"; draft length {d['mode']}: mean k {d['mean_k']:.1f}, expected {d['expected_tps']:.1f} "
-                     f"tok/s vs {d['plain_tps']:.1f} plain")
+            text += f"; draft length {d['mode']}: mean k {d['mean_k']:.1f}"
+            if d.get("expected_tps") is not None:
+                text += f", expected {d['expected_tps']:.1f} tok/s vs {d['plain_tps']:.1f} plain"
             if d.get("held_for_setup"):
                 text += (f", {d['held_for_setup']} steps drafted less than the rate asked: the kernels of a "
                          "longer verify would take longer to compile than the rest of the run saves")
