@@ -200,17 +200,35 @@ def test_the_learned_curve_is_handed_back_at_the_end():
     assert len(got) == 2 and got[1][1] == CPU[1]
 
 
-def test_a_starved_run_caches_its_shape_at_plain_decodings_cost():
-    """Every pass of a run 15x dear (memory pressure evicting the weights), 2 rows timed often: the
-    cache keeps the run's 2-row / 1-row ratio at the prior's 1-row cost, not 2 rows at 16x one row."""
+def test_a_starved_run_is_not_cached():
+    """Every pass of a run 15x dear (memory pressure evicting the weights), 2 rows timed often:
+    cached, 2 rows at 16x one row switched the MTP head off in the next runs. Such a run teaches
+    nothing; a run a little slower than the curve (a busy machine) still does."""
     got = []
     c = DraftController(8, CPU, persist=got.append)
     for _ in range(PERSIST_PASSES):
         c.update(1, 1, 1, 15 * CPU[2], 0.0)
     c.finish()
-    assert got[0][1] == pytest.approx(CPU[1])
-    assert got[0][2] == pytest.approx(CPU[2])  # the shape the run saw: 2 rows at the prior's ratio
-    assert all(s <= n * got[0][1] for n, s in got[0].items())
+    assert got == []
+    c = DraftController(8, CPU, persist=got.append)
+    for _ in range(PERSIST_PASSES):
+        c.update(1, 1, 1, 1.5 * CPU[2], 0.0)
+    c.finish()
+    assert got[0][2] == pytest.approx(1.5 * CPU[2])
+
+
+def test_a_dear_one_row_pass_does_not_cheapen_the_verify_passes():
+    """In a speculative run the 1-row passes come between the strategy's and cost more than plain
+    decoding's (28.7 against 21.5 ms); the verify passes cost what they cost there. The cache keeps
+    plain decoding's 1-row figure and the verify widths as timed, not scaled down by the 1-row
+    pass's excess (that cached a 16-row pass at 48 ms where it takes 75)."""
+    got = []
+    c = DraftController(8, CPU, persist=got.append)
+    for _ in range(PERSIST_PASSES):
+        c.update(0, 0, 0, 1.4 * CPU[1], None)
+        c.update(1, 1, 1, 1.1 * CPU[2], 0.0)
+    c.finish()
+    assert got[0][1] == pytest.approx(CPU[1]) and got[0][2] == pytest.approx(1.1 * CPU[2])
 
 
 def test_no_cached_width_costs_more_than_its_rows_one_by_one():

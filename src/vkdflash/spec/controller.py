@@ -64,6 +64,7 @@ SHAPE_PASSES = 3    # recent passes of a width before their median prices it (be
 KEEP_PASSES = 15    # timings kept per width (and per draft length)
 WINDOW = 32         # passes a timing counts as recent: widths are priced from one spell of the machine
 PERSIST_PASSES = 8  # passes of a width before the cache learns its cost (one is noise)
+STARVED = 2.0       # a run whose timed widths cost more than this times the cached curve is not cached
 
 
 class DraftController:
@@ -273,19 +274,27 @@ class DraftController:
         with it. A width timed once or twice is noise (bench spec's warm-up sweep times each
         once), and widths timed in different spells do not compare: cached that way, a 2-row
         figure 1.27x one row where rounds measure 1.02-1.04x switched the MTP head off."""
-        if self.persist is not None and max(map(len, self._recent().values()), default=0) >= PERSIST_PASSES:
-            curve = self._curve(PERSIST_PASSES)
-            # one row is plain decoding's cost, which the stop rule compares with: it may heal down
-            # (a curve measured on a busy machine), never up. In a speculative run a 1-row pass
-            # comes between the strategy's own and costs more (an MTP run priced it 28.7 ms, plain
-            # decoding takes 21.5): cached, the next runs took that as plain decoding's cost and
-            # kept drafting (DFlash 0.91x plain).
-            # The run's other widths were timed in the same conditions, so they keep their shape at
-            # that cost: a run starved of memory (every pass ~15x) had left 2 rows cached at 16x
-            # one row, and the next runs switched the MTP head off (a_1 0.72).
-            if 1 in self.prior and curve[1] > self.prior[1]:
-                curve = {n: s * self.prior[1] / curve[1] for n, s in curve.items()}
-            self.persist(plausible(curve))
+        if self.persist is None:
+            return
+        recent = self._recent()
+        timed = [n for n, t in recent.items() if len(t) >= PERSIST_PASSES]
+        if not timed:
+            return
+        curve = self._curve(PERSIST_PASSES)
+        # a starved spell (memory pressure evicting the weights: every pass ~15x) teaches nothing:
+        # cached, 2 rows at 16x one row switched the MTP head off (a_1 0.72) in the next runs
+        if median(curve[n] / _interp(self.prior, n) for n in timed) > STARVED:
+            return
+        # one row is plain decoding's cost, which the stop rule compares with: it may heal down
+        # (a curve measured on a busy machine), never up. In a speculative run a 1-row pass comes
+        # between the strategy's own and costs more (an MTP run priced it 28.7 ms, plain decoding
+        # takes 21.5): cached, the next runs took that as plain decoding's cost and kept drafting
+        # (DFlash 0.91x plain). The other widths stay as timed: a verify pass always runs among
+        # the strategy's. (Scaled down with the 1-row figure instead, they had cached a 16-row
+        # pass at 48 ms where it takes 75.)
+        if 1 in self.prior:
+            curve[1] = min(curve[1], self.prior[1])
+        self.persist(plausible(curve))
 
     def summary(self) -> dict:
         """Mean chosen k and why: the expected rate of the mean choice next to plain decoding's
