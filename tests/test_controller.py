@@ -229,6 +229,19 @@ def test_a_dear_one_row_pass_does_not_cheapen_the_verify_passes():
         c.update(1, 1, 1, 1.1 * CPU[2], 0.0)
     c.finish()
     assert got[0][1] == pytest.approx(CPU[1]) and got[0][2] == pytest.approx(1.1 * CPU[2])
+    # a run that hardly drafts times only its 1-row passes: the verify widths stay as cached
+    # (scaled with the dear 1-row passes they had been cached at 1.6x, 2 rows at 38 ms, not 24)
+    c = DraftController(8, CPU, persist=got.append)
+    for _ in range(PERSIST_PASSES):
+        c.update(0, 0, 0, 1.4 * CPU[1], None)
+    c.finish()
+    assert got[1] == pytest.approx(CPU)
+    # nor does the 1-row figure rise with verify passes dearer than cached
+    c = DraftController(8, CPU, persist=got.append)
+    for _ in range(PERSIST_PASSES):
+        c.update(1, 1, 1, 1.3 * CPU[2], 0.0)
+    c.finish()
+    assert got[2][1] == pytest.approx(CPU[1]) and got[2][2] == pytest.approx(1.3 * CPU[2])
 
 
 def test_no_cached_width_costs_more_than_its_rows_one_by_one():

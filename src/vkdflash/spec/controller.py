@@ -113,17 +113,19 @@ class DraftController:
         price a width: this VM's identical 1-row passes range 28-52 ms within a second, and the
         MTP head's first two 2-row passes, at 48 and 53 ms (1.4x the 1-row passes then, 1.02-1.04x
         in rounds), switched it off."""
-        priced = {n: median(t) for n, t in self._recent().items() if len(t) >= min_passes}
+        return self._shaped(self._priced(min_passes), self.log_scale)
+
+    def _priced(self, min_passes: int) -> dict[int, float]:
+        return {n: median(t) for n, t in self._recent().items() if len(t) >= min_passes}
+
+    def _shaped(self, priced: dict, unpriced_log_scale: float) -> dict[int, float]:
+        """The prior with the priced widths at their price and the others scaled as the priced
+        ones near them (in log rows) compare with it, so an unpriced 2-row pass keeps the prior's
+        ratio to the 1-row one the run timed; with none priced, by exp(unpriced_log_scale)."""
         xs = sorted(priced)
         log_x, logs = [math.log2(x) for x in xs], [math.log(priced[x] / _interp(self.prior, x)) for x in xs]
-
-        def log_scale(n: int) -> float:
-            """log(live / prior) at n: between the priced widths (in log rows), so an unpriced 2-row
-            pass keeps the prior's ratio to the 1-row one the run timed; before any is priced, the
-            running scale of all passes."""
-            return float(np.interp(math.log2(n), log_x, logs)) if xs else self.log_scale
-
-        table = {n: s * math.exp(log_scale(n)) for n, s in self.prior.items()}
+        table = {n: s * math.exp(float(np.interp(math.log2(n), log_x, logs)) if xs else unpriced_log_scale)
+                 for n, s in self.prior.items()}
         table.update(priced)
         return _monotone(table)
 
@@ -276,25 +278,23 @@ class DraftController:
         figure 1.27x one row where rounds measure 1.02-1.04x switched the MTP head off."""
         if self.persist is None:
             return
-        recent = self._recent()
-        timed = [n for n, t in recent.items() if len(t) >= PERSIST_PASSES]
-        if not timed:
-            return
-        curve = self._curve(PERSIST_PASSES)
+        timed = self._priced(PERSIST_PASSES)
         # a starved spell (memory pressure evicting the weights: every pass ~15x) teaches nothing:
         # cached, 2 rows at 16x one row switched the MTP head off (a_1 0.72) in the next runs
-        if median(curve[n] / _interp(self.prior, n) for n in timed) > STARVED:
+        if not timed or median(s / _interp(self.prior, n) for n, s in timed.items()) > STARVED:
             return
-        # one row is plain decoding's cost, which the stop rule compares with: it may heal down
+        # One row is plain decoding's cost, which the stop rule compares with: it may heal down
         # (a curve measured on a busy machine), never up. In a speculative run a 1-row pass comes
         # between the strategy's own and costs more (an MTP run priced it 28.7 ms, plain decoding
         # takes 21.5): cached, the next runs took that as plain decoding's cost and kept drafting
-        # (DFlash 0.91x plain). The other widths stay as timed: a verify pass always runs among
-        # the strategy's. (Scaled down with the 1-row figure instead, they had cached a 16-row
-        # pass at 48 ms where it takes 75.)
+        # (DFlash 0.91x plain). Nor does it say what the verify widths cost: they stay as timed
+        # (a verify pass always runs among the strategy's), the untimed ones shaped by the timed
+        # ones, else as cached. (Scaled with the 1-row figure, a 16-row pass was cached at 48 ms
+        # where it takes 75, and after a run that hardly drafted 2 rows at 38 where they take 24.)
+        curve = self._shaped({n: s for n, s in timed.items() if n > 1}, 0.0)
         if 1 in self.prior:
-            curve[1] = min(curve[1], self.prior[1])
-        self.persist(plausible(curve))
+            curve[1] = min(timed.get(1, curve[1]), curve[1], self.prior[1])
+        self.persist(plausible(_monotone(curve)))
 
     def summary(self) -> dict:
         """Mean chosen k and why: the expected rate of the mean choice next to plain decoding's
