@@ -200,48 +200,36 @@ def test_the_learned_curve_is_handed_back_at_the_end():
     assert len(got) == 2 and got[1][1] == CPU[1]
 
 
-def test_a_starved_run_is_not_cached():
-    """Every pass of a run 15x dear (memory pressure evicting the weights), 2 rows timed often:
-    cached, 2 rows at 16x one row switched the MTP head off in the next runs. Such a run teaches
-    nothing; a run a little slower than the curve (a busy machine) still does."""
+def test_a_slow_run_teaches_the_cache_nothing():
+    """Every pass of a run 15x dear (memory pressure evicting the weights), or 1.5x (a busy
+    machine): cached, 2 rows at 16x one row switched the MTP head off in the next runs. The cache
+    keeps the best a width has done, as measuring it does; a faster run lowers it."""
     got = []
-    c = DraftController(8, CPU, persist=got.append)
-    for _ in range(PERSIST_PASSES):
-        c.update(1, 1, 1, 15 * CPU[2], 0.0)
-    c.finish()
-    assert got == []
-    c = DraftController(8, CPU, persist=got.append)
-    for _ in range(PERSIST_PASSES):
-        c.update(1, 1, 1, 1.5 * CPU[2], 0.0)
-    c.finish()
-    assert got[0][2] == pytest.approx(1.5 * CPU[2])
+    for slow in (15, 1.5, 0.8):
+        c = DraftController(8, CPU, persist=got.append)
+        for _ in range(PERSIST_PASSES):
+            c.update(1, 1, 1, slow * CPU[2], 0.0)
+        c.finish()
+    assert got[0] == pytest.approx(CPU) and got[1] == pytest.approx(CPU)
+    assert got[2] == pytest.approx({n: 0.8 * s for n, s in CPU.items()})
 
 
 def test_a_dear_one_row_pass_does_not_cheapen_the_verify_passes():
     """In a speculative run the 1-row passes come between the strategy's and cost more than plain
-    decoding's (28.7 against 21.5 ms); the verify passes cost what they cost there. The cache keeps
-    plain decoding's 1-row figure and the verify widths as timed, not scaled down by the 1-row
-    pass's excess (that cached a 16-row pass at 48 ms where it takes 75)."""
+    decoding's (28.7 against 21.5 ms): they shape no other width (scaled down with their excess, a
+    16-row pass was cached at 48 ms where it takes 75), and plain decoding's figure never rises."""
     got = []
     c = DraftController(8, CPU, persist=got.append)
     for _ in range(PERSIST_PASSES):
         c.update(0, 0, 0, 1.4 * CPU[1], None)
         c.update(1, 1, 1, 1.1 * CPU[2], 0.0)
     c.finish()
-    assert got[0][1] == pytest.approx(CPU[1]) and got[0][2] == pytest.approx(1.1 * CPU[2])
-    # a run that hardly drafts times only its 1-row passes: the verify widths stay as cached
-    # (scaled with the dear 1-row passes they had been cached at 1.6x, 2 rows at 38 ms, not 24)
-    c = DraftController(8, CPU, persist=got.append)
+    assert got[0] == pytest.approx(CPU)  # not 2 rows at 1.1 / 1.4 of the cached figure
+    c = DraftController(8, CPU, persist=got.append)  # a run that hardly drafts
     for _ in range(PERSIST_PASSES):
         c.update(0, 0, 0, 1.4 * CPU[1], None)
     c.finish()
     assert got[1] == pytest.approx(CPU)
-    # nor does the 1-row figure rise with verify passes dearer than cached
-    c = DraftController(8, CPU, persist=got.append)
-    for _ in range(PERSIST_PASSES):
-        c.update(1, 1, 1, 1.3 * CPU[2], 0.0)
-    c.finish()
-    assert got[2][1] == pytest.approx(CPU[1]) and got[2][2] == pytest.approx(1.3 * CPU[2])
 
 
 def test_no_cached_width_costs_more_than_its_rows_one_by_one():

@@ -64,7 +64,6 @@ SHAPE_PASSES = 3    # recent passes of a width before their median prices it (be
 KEEP_PASSES = 15    # timings kept per width (and per draft length)
 WINDOW = 32         # passes a timing counts as recent: widths are priced from one spell of the machine
 PERSIST_PASSES = 8  # passes of a width before the cache learns its cost (one is noise)
-STARVED = 2.0       # a run whose timed widths cost more than this times the cached curve is not cached
 
 
 class DraftController:
@@ -271,29 +270,24 @@ class DraftController:
                     counts[accepted, 1] += 1
 
     def finish(self) -> None:
-        """Hand the learned curve to `persist`: the widths timed PERSIST_PASSES times or more in
-        the last WINDOW passes as timed, the others at the prior's shape scaled as those compare
-        with it. A width timed once or twice is noise (bench spec's warm-up sweep times each
-        once), and widths timed in different spells do not compare: cached that way, a 2-row
-        figure 1.27x one row where rounds measure 1.02-1.04x switched the MTP head off."""
-        if self.persist is None:
-            return
+        """Hand the learned curve to `persist`, where it is cheaper than the prior: the widths
+        timed PERSIST_PASSES times or more in the last WINDOW passes as timed, the others at the
+        prior's shape scaled as the timed verify widths compare with it. A width timed once or
+        twice is noise (bench spec's warm-up sweep times each once; a cached 2-row figure 1.27x
+        one row where rounds measure 1.02-1.04x switched the MTP head off). Like `curve.measure`,
+        the cache keeps the best a width has done: a run in a slow spell (or starved of memory:
+        every pass ~15x, which once cached 2 rows at 16x one row) teaches it nothing, a run in a
+        fast one heals a curve measured on a busy machine. The 1-row passes of a speculative run
+        come between the strategy's and cost more than plain decoding's (28.7 against 21.5 ms),
+        so they shape no other width: scaled with them, a 16-row pass was cached at 48 ms where it
+        takes 75."""
         timed = self._priced(PERSIST_PASSES)
-        # a starved spell (memory pressure evicting the weights: every pass ~15x) teaches nothing:
-        # cached, 2 rows at 16x one row switched the MTP head off (a_1 0.72) in the next runs
-        if not timed or median(s / _interp(self.prior, n) for n, s in timed.items()) > STARVED:
+        if self.persist is None or not timed:
             return
-        # One row is plain decoding's cost, which the stop rule compares with: it may heal down
-        # (a curve measured on a busy machine), never up. In a speculative run a 1-row pass comes
-        # between the strategy's own and costs more (an MTP run priced it 28.7 ms, plain decoding
-        # takes 21.5): cached, the next runs took that as plain decoding's cost and kept drafting
-        # (DFlash 0.91x plain). Nor does it say what the verify widths cost: they stay as timed
-        # (a verify pass always runs among the strategy's), the untimed ones shaped by the timed
-        # ones, else as cached. (Scaled with the 1-row figure, a 16-row pass was cached at 48 ms
-        # where it takes 75, and after a run that hardly drafted 2 rows at 38 where they take 24.)
-        curve = self._shaped({n: s for n, s in timed.items() if n > 1}, 0.0)
-        if 1 in self.prior:
-            curve[1] = min(timed.get(1, curve[1]), curve[1], self.prior[1])
+        shaped = self._shaped({n: s for n, s in timed.items() if n > 1}, 0.0)
+        if 1 in timed:
+            shaped[1] = min(timed[1], shaped.get(1, timed[1]))
+        curve = {n: min(s, self.prior.get(n, s)) for n, s in shaped.items()}
         self.persist(plausible(_monotone(curve)))
 
     def summary(self) -> dict:
