@@ -75,7 +75,7 @@ class DraftController:
         self.k_max, self.fixed, self.probe_every, self.persist = int(k_max), fixed, probe_every, persist
         self.width = width or (lambda rows: rows)
         self.prior = {int(n): float(s) for n, s in verify_seconds.items()}
-        self.timed: dict[int, list[tuple[int, float]]] = {}  # (pass number, seconds) per width
+        self.timed: dict[int, list[tuple[int, float, bool]]] = {}  # (pass number, seconds, all rows used) per width
         self.log_scale, self.scaled = 0.0, 0  # live / prior, in logs; passes behind it
         self.verify = self._curve()
         self.full = 0       # drafts of the last step when all were accepted, else 0
@@ -112,26 +112,30 @@ class DraftController:
         price a width: this VM's identical 1-row passes range 28-52 ms within a second, and the
         MTP head's first two 2-row passes, at 48 and 53 ms (1.4x the 1-row passes then, 1.02-1.04x
         in rounds), switched it off."""
-        return self._shaped(self._priced(min_passes), self.log_scale)
-
-    def _priced(self, min_passes: int) -> dict[int, float]:
-        return {n: median(t) for n, t in self._recent().items() if len(t) >= min_passes}
-
-    def _shaped(self, priced: dict, unpriced_log_scale: float) -> dict[int, float]:
-        """The prior with the priced widths at their price and the others scaled as the priced
-        ones near them (in log rows) compare with it, so an unpriced 2-row pass keeps the prior's
-        ratio to the 1-row one the run timed; with none priced, by exp(unpriced_log_scale)."""
+        priced = self._priced(min_passes)
         xs = sorted(priced)
         log_x, logs = [math.log2(x) for x in xs], [math.log(priced[x] / _interp(self.prior, x)) for x in xs]
-        table = {n: s * math.exp(float(np.interp(math.log2(n), log_x, logs)) if xs else unpriced_log_scale)
-                 for n, s in self.prior.items()}
+
+        def log_scale(n: int) -> float:
+            """log(live / prior) at n: between the priced widths (in log rows), so an unpriced 2-row
+            pass keeps the prior's ratio to the 1-row one the run timed; before any is priced, the
+            running scale of all passes."""
+            return float(np.interp(math.log2(n), log_x, logs)) if xs else self.log_scale
+
+        table = {n: s * math.exp(log_scale(n)) for n, s in self.prior.items()}
         table.update(priced)
         return _monotone(table)
 
-    def _recent(self) -> dict[int, list[float]]:
+    def _priced(self, min_passes: int, full: bool = False) -> dict[int, float]:
+        """The widths timed `min_passes` times or more recently (`full`: by passes of that many
+        rows, not fewer in its slots), at their median."""
+        return {n: median(t) for n, t in self._recent(full).items() if len(t) >= min_passes}
+
+    def _recent(self, full: bool = False) -> dict[int, list[float]]:
         """Seconds of each width's passes among the last WINDOW: from one spell of the machine,
-        so the priced widths compare as if timed side by side."""
-        return {n: [s for i, s in t if i > self.scaled - WINDOW] for n, t in self.timed.items()}
+        so the priced widths compare as if timed side by side (`full`: only passes of all its rows)."""
+        return {n: [s for i, s, whole in t if i > self.scaled - WINDOW and (whole or not full)]
+                for n, t in self.timed.items()}
 
     @property
     def live(self) -> dict[int, float]:
@@ -252,7 +256,8 @@ class DraftController:
             self.scaled += 1
             step = float(np.clip(ratio - self.log_scale, -MAX_SCALE_STEP, MAX_SCALE_STEP))
             self.log_scale += step * max(1 - DECAY, 1 / self.scaled)
-            self.timed[rows] = (self.timed.get(rows, []) + [(self.scaled, float(verify_seconds))])[-KEEP_PASSES:]
+            pass_ = (self.scaled, float(verify_seconds), rows == drafted + 1)
+            self.timed[rows] = (self.timed.get(rows, []) + [pass_])[-KEEP_PASSES:]
             self.verify = self._curve()
         if k and draft_seconds is not None:
             self.draft[k] = (self.draft.get(k, []) + [float(draft_seconds)])[-KEEP_PASSES:]
@@ -270,24 +275,25 @@ class DraftController:
                     counts[accepted, 1] += 1
 
     def finish(self) -> None:
-        """Hand the learned curve to `persist`, where it is cheaper than the prior: the widths
-        timed PERSIST_PASSES times or more in the last WINDOW passes as timed, the others at the
-        prior's shape scaled as the timed verify widths compare with it. A width timed once or
-        twice is noise (bench spec's warm-up sweep times each once; a cached 2-row figure 1.27x
-        one row where rounds measure 1.02-1.04x switched the MTP head off). Like `curve.measure`,
-        the cache keeps the best a width has done: a run in a slow spell (or starved of memory:
-        every pass ~15x, which once cached 2 rows at 16x one row) teaches it nothing, a run in a
-        fast one heals a curve measured on a busy machine. The 1-row passes of a speculative run
-        come between the strategy's and cost more than plain decoding's (28.7 against 21.5 ms),
-        so they shape no other width: scaled with them, a 16-row pass was cached at 48 ms where it
-        takes 75."""
-        timed = self._priced(PERSIST_PASSES)
+        """Hand the learned curve to `persist`: the prior, lowered where a width timed
+        PERSIST_PASSES times or more in the last WINDOW passes did better (fewer rows never
+        costing more). A width timed once or twice is noise (bench spec's warm-up sweep times each
+        once; a cached 2-row figure 1.27x one row where rounds measure 1.02-1.04x switched the MTP
+        head off). Like `curve.measure`, the cache keeps the best a width has done: a run in a
+        slow spell teaches it nothing (plain decoding at 35 instead of 47 tok/s had raised every
+        width 1.5x and switched the head off; starved of memory, every pass ~15x, 2 rows were
+        cached at 16x one row), a fast one heals a curve measured on a busy machine. Only
+        passes of all a width's rows count (9 rows run 16-row matmuls, but attention, norms and
+        RoPE of 9: a width's pass cached from them was 62 ms where 16 rows take 75). A width
+        shapes no other: a speculative run's 1-row passes come between the strategy's and cost
+        more than plain decoding's (28.7 against 21.5 ms), and scaled down with their excess a
+        16-row pass was cached at 48 ms where it takes 75."""
+        timed = self._priced(PERSIST_PASSES, full=True)
         if self.persist is None or not timed:
             return
-        shaped = self._shaped({n: s for n, s in timed.items() if n > 1}, 0.0)
-        if 1 in timed:
-            shaped[1] = min(timed[1], shaped.get(1, timed[1]))
-        curve = {n: min(s, self.prior.get(n, s)) for n, s in shaped.items()}
+        curve = dict(self.prior)
+        for n, s in timed.items():
+            curve[n] = min(s, curve.get(n, s))
         self.persist(plausible(_monotone(curve)))
 
     def summary(self) -> dict:
