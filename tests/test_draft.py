@@ -73,3 +73,32 @@ def test_a_draft_with_another_vocabulary_is_a_one_line_error(files):
 def test_draft_needs_a_file():
     res = CliRunner().invoke(main, ["generate", "-m", "nosuch.gguf", "x", "--spec", "draft"])
     assert res.exit_code != 0 and "Traceback" not in res.output
+
+
+def test_tokens_committed_while_idle_are_fed_before_the_next_proposal(ctx0, files, monkeypatch):
+    """Until its first proposal the draft feeds nothing (a run left plain pays no draft pass a
+    step); then it catches up in one pass and proposes what it would have, fed token by token
+    (batch invariance: the same rows)."""
+    import vkdflash_draft
+    from vkdflash.model import load_model
+    from vkdflash.model.forward import Model
+    from vkdflash.spec import StrategyContext, StrategyOptions
+    from vkdflash.spec.engine import target_view
+    model = Model(ctx0, load_model(files["target"]), n_ctx=96)
+    proposals = []
+    for hold in (0, vkdflash_draft.IDLE_HOLD):
+        monkeypatch.setattr(vkdflash_draft, "IDLE_HOLD", hold)
+        sctx = StrategyContext(gpu=ctx0, target=target_view(model),
+                               options=StrategyOptions(draft_model=files["small"], draft_max=3))
+        s = vkdflash_draft.DraftModel(sctx)
+        sctx.tokens = [5, 17, 3, 42, 8]
+        s.begin(sctx)
+        for t in (23, 11, 2, 30):
+            sctx.tokens = sctx.tokens + [t]
+            s.commit(sctx)
+        assert s.n_done == (len(sctx.tokens) if hold == 0 else 0)
+        proposals.append(s.propose(sctx, 7, 3).tokens)
+        s.close()
+        sctx.close()
+    model.close()
+    assert len(proposals[0]) == 3 and proposals[0] == proposals[1]

@@ -6,7 +6,9 @@ shared decoder block, its KV cache comes from ctx.create_kv_cache (the draft cac
 core write path). Per step the draft chains k one-token passes in ONE submit (token j's argmax
 feeds step j + 1); committed tokens it has not seen yet are fed in before the next draft.
 Its cache holds rows for every committed position: after a step the rows of the accepted
-drafts are already right (same tokens), the rest are fed again."""
+drafts are already right (same tokens), the rest are fed again. Until a request's first
+proposal up to IDLE_HOLD committed tokens wait (then go in ROWS a pass): a run the draft-length
+controller leaves plain pays no draft pass a step."""
 from __future__ import annotations
 
 import logging
@@ -20,6 +22,7 @@ from vkdflash.api import (ARCHITECTURES, BlockBuffers, BlockShape, BlockWeights,
 __version__ = "0.1.0"
 log = logging.getLogger("vkdflash")
 ROWS = 64  # tokens per feed pass (the kernels' batch-invariance range)
+IDLE_HOLD = 1024  # committed tokens that may wait for a request's first proposal
 
 
 class DraftModel(Strategy):
@@ -36,7 +39,7 @@ class DraftModel(Strategy):
             self._load(ctx, mf)
         finally:
             mf.close()
-        self.n_done, self.pending = 0, None
+        self.n_done, self.pending, self.drafting = 0, None, False
         hp = self.hp
         log.info("draft model %s: %s, %d layers, d %d, %d/%d heads of %d", ctx.options.draft_model, hp.arch,
                  hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim)
@@ -91,14 +94,18 @@ class DraftModel(Strategy):
 
     # -- the strategy API -----------------------------------------------------------
     def begin(self, ctx) -> None:
-        self.n_done, self.pending = 0, None
-        self._feed(ctx.tokens)
+        self.n_done, self.pending, self.drafting = 0, None, False
+        self._catch_up(ctx.tokens)
 
     def commit(self, ctx) -> None:
         first, k = self.pending or (self.n_done, 0)
         # the rows written while drafting hold last, d1.. d_{k-1} at first..first+k-1: right where committed
         self.n_done, self.pending = min(len(ctx.tokens), first + k), None
-        self._feed(ctx.tokens)
+        self._catch_up(ctx.tokens)
+
+    def _catch_up(self, tokens) -> None:
+        if self.drafting or len(tokens) - self.n_done >= IDLE_HOLD:
+            self._feed(tokens)
 
     def _feed(self, tokens) -> None:
         """Write the K/V of committed tokens the cache does not hold yet."""
@@ -116,6 +123,8 @@ class DraftModel(Strategy):
         k = min(max_n, self.options.draft_max, self.n_ctx - 1 - P)
         if k <= 0:
             return Proposal([])
+        self.drafting = True
+        self._feed(ctx.tokens)
         if self.n_done != P:
             raise VkdflashError(f"draft: the draft cache holds {self.n_done} positions, drafting at {P}")
         w = self.slot // 4
