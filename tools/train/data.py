@@ -253,6 +253,19 @@ def self_prompts(target, tok: Tokenizer, template: ChatTemplate, n: int, seed: i
 
 
 @torch.no_grad()
+def left_padded(seqs):
+    """Sequences right-aligned for one causal pass: ids [B, T], pad [B], pos [B, T] (0 at each
+    sequence's first token), mask [B, 1, T, T] (padded rows see themselves: no NaN)."""
+    T = max(len(q) for q in seqs)
+    pad = torch.tensor([T - len(q) for q in seqs])
+    ids = torch.zeros(len(seqs), T, dtype=torch.long)
+    for r, q in enumerate(seqs):
+        ids[r, pad[r]:] = torch.as_tensor(np.asarray(q, np.int64))
+    pos = (torch.arange(T)[None, :] - pad[:, None]).clamp(min=0)
+    mask = (torch.arange(T)[None, :] >= pad[:, None])[:, None, None, :] & torch.ones(T, T, dtype=torch.bool).tril()
+    return ids, pad, pos, mask | torch.eye(T, dtype=torch.bool)
+
+
 def generate(target, prompts, n_new: int, capture, batch: int, seed: int, eog=frozenset(), sampled=0.25,
              temp=0.7, top_k=0):
     """Continue every prompt by up to n_new tokens: a `sampled` share of them at `temp` (top_k: only the
@@ -264,17 +277,10 @@ def generate(target, prompts, n_new: int, capture, batch: int, seed: int, eog=fr
     capture = list(capture)
     for first in tqdm(range(0, len(order), batch), desc="generate", unit="batch"):
         idx = order[first:first + batch]
-        B, Lp = len(idx), max(len(prompts[i]) for i in idx)
-        pad = torch.tensor([Lp - len(prompts[i]) for i in idx])
-        ids = torch.zeros(B, Lp, dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, pad[r]:] = torch.tensor(prompts[i])
-        S = Lp + n_new
+        ids, pad, pos, mask = left_padded([prompts[i] for i in idx])
+        (B, Lp), S = ids.shape, ids.shape[1] + n_new
         cache = target.new_cache(B, S)
         key_ok = (torch.arange(S)[None, :] >= pad[:, None])  # [B, S]
-        pos = (torch.arange(Lp)[None, :] - pad[:, None]).clamp(min=0)
-        mask = (key_ok[:, None, None, :Lp] & torch.ones(Lp, Lp, dtype=torch.bool).tril()[None, None])
-        mask |= torch.eye(Lp, dtype=torch.bool)[None, None]  # padded rows see themselves (no NaN)
         row_temp = (torch.rand(B, generator=g) < sampled).float() * temp
         x, seen = target.forward(ids, pos, mask, cache, 0, capture)
         row_feats = [torch.stack([seen[c] for c in capture], 2).half()] if capture else []  # [B, T, C, d]
@@ -310,15 +316,8 @@ def recapture(target, tokens, capture, batch: int):
     feats = [None] * len(tokens)
     for first in tqdm(range(0, len(order), batch), desc="recapture", unit="batch"):
         idx = order[first:first + batch]
-        B, T = len(idx), max(len(tokens[i]) for i in idx) - 1
-        pad = torch.tensor([T - (len(tokens[i]) - 1) for i in idx])
-        ids = torch.zeros(B, T, dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, pad[r]:] = torch.from_numpy(tokens[i][:-1].astype(np.int64))
-        pos = (torch.arange(T)[None, :] - pad[:, None]).clamp(min=0)
-        mask = (torch.arange(T)[None, None, None, :] >= pad[:, None, None, None]) & torch.ones(T, T, dtype=torch.bool).tril()
-        mask |= torch.eye(T, dtype=torch.bool)[None, None]
-        _, seen = target.forward(ids, pos, mask, target.new_cache(B, T), 0, capture)
+        ids, pad, pos, mask = left_padded([tokens[i][:-1] for i in idx])
+        _, seen = target.forward(ids, pos, mask, target.new_cache(*ids.shape), 0, capture)
         allf = torch.stack([seen[c] for c in capture], 2).half()
         for r, i in enumerate(idx):
             feats[i] = allf[r, pad[r]:].numpy()
