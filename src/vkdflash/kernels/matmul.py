@@ -33,6 +33,7 @@ class MatmulConfig:
     islots: int = 1       # most slots whose chains interleave with the decode (no spilled chunk)
     rope_nj: int = 0      # matmul_split turns Q and K as it stores them up to this many slots
     norm_nj: int = 0      # matmul_split and glu apply RMSNorm as they load x up to this many slots
+    slot_sizes: tuple = ()  # slot counts besides powers of two (nj_for picks the cheapest)
 
     @property
     def rows_per_group(self) -> int:
@@ -61,10 +62,12 @@ def config_for(features) -> MatmulConfig:
         # 3 and 4 the same; at 8 and 16 rows the unrolled per-slot turns cost 1.2 and 4 ms more.
         # RMSNorm as QKV and the GLU load x (no rms_norm dispatch; each workgroup repeats the
         # row's reduction): 1 row 22.9 -> 20.9 ms wall, 2 rows 24.6 -> 23.4; 3 and 4 the same.
+        # 6 and 12 slots: 5-6 rows 45 -> 39 ms a pass, 9-12 rows 69-70 -> 57-59, 17 rows (3 x 6)
+        # 131 -> 92 (SmolLM2, 512 bits); a verify of 9 rows no longer pays for 16.
         xbcast = 2 if sg >= 16 else int(sg >= 8)
         return MatmulConfig(workgroup=sg, split=1, nj=16, xbcast=xbcast, rows_matvec=4 if sg >= 16 else 2,
                             rows_batch=4, texel=prefers_texel_loads(features), islots=2, rope_nj=2,
-                            norm_nj=2)
+                            norm_nj=2, slot_sizes=(6, 12))
     split = min(sg, 32)
     return MatmulConfig(workgroup=max(64, split), split=split, nj=8, xbcast=0)
 
@@ -76,10 +79,19 @@ def rows_per_lane(weight: Weight, n: int, cfg: MatmulConfig) -> int:
     return cfg.rows_matvec if n == 1 else cfg.rows_batch
 
 
+SLOT_DECODE = 4  # a slot group's weight decoding, in slots' worth of arithmetic (lavapipe, 512 bits:
+                 # a matmul costs about 4 + s per group of s slots)
+
+
 def nj_for(n: int, cfg: MatmulConfig) -> int:
     """Activation rows per invocation. Results do not depend on it (batch invariance), but
-    lavapipe runs the unused slots of a masked SIMD lane anyway, so n = 1 gets its own."""
-    return 1 if n == 1 else min(cfg.nj, 1 << (n - 1).bit_length())
+    every group runs all its slots (the unused ones repeat the last row) and decodes the weights
+    once: the power of two, or the size in cfg.slot_sizes, with the least of both for n rows."""
+    if n == 1:
+        return 1
+    pow2 = min(cfg.nj, 1 << (n - 1).bit_length())
+    sizes = [pow2] + [s for s in cfg.slot_sizes if s <= cfg.nj]
+    return min(sizes, key=lambda s: (-(-n // s) * (SLOT_DECODE + s), s != pow2))
 
 
 def _check_view(view, nbytes: int, what: str):
