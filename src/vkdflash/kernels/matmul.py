@@ -62,12 +62,14 @@ def config_for(features) -> MatmulConfig:
         # 3 and 4 the same; at 8 and 16 rows the unrolled per-slot turns cost 1.2 and 4 ms more.
         # RMSNorm as QKV and the GLU load x (no rms_norm dispatch; each workgroup repeats the
         # row's reduction): 1 row 22.9 -> 20.9 ms wall, 2 rows 24.6 -> 23.4; 3 and 4 the same.
-        # 6 and 12 slots: 5-6 rows 45 -> 39 ms a pass, 9-12 rows 69-70 -> 57-59, 17 rows (3 x 6)
-        # 131 -> 92 (SmolLM2, 512 bits); a verify of 9 rows no longer pays for 16.
+        # slot counts between the powers of two, where the drafts of MTP (k 2), DFlash (k 4-5)
+        # and ngram (k 8-11) fall (SmolLM2, 512 bits, best of 5): 3 rows 30.5 -> 27.7 ms, 5-6
+        # 45 -> 39, 9-12 69-70 -> 57-59, 17 (3 x 6) 132 -> 92. 10 and 14 too measured 52-53 for
+        # 9-10 rows and 66-67 for 13-14, but every slot count is a set of kernels to compile.
         xbcast = 2 if sg >= 16 else int(sg >= 8)
         return MatmulConfig(workgroup=sg, split=1, nj=16, xbcast=xbcast, rows_matvec=4 if sg >= 16 else 2,
                             rows_batch=4, texel=prefers_texel_loads(features), islots=2, rope_nj=2,
-                            norm_nj=2, slot_sizes=(6, 12))
+                            norm_nj=2, slot_sizes=(3, 6, 12))
     split = min(sg, 32)
     return MatmulConfig(workgroup=max(64, split), split=split, nj=8, xbcast=0)
 
