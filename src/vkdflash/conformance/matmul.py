@@ -151,7 +151,7 @@ def cases():
     for tname in WEIGHT_TYPES:
         k = get_type(tname).qk > 32
         narrow = 768 if k else 96  # 3 blocks a row
-        # n 7, 10, 5: the 8-, 12- and 6-slot kernels of CPU devices (others: 8 slots)
+        # n 3, 5 (GLU), 7 and 10 meet CPU devices' 3-, 6-, 8- and 12-slot kernels (GPUs: 4 and 8)
         out += [_case(tname, 37, narrow, 1), _case(tname, 3, narrow, 7), _case(tname, 45, 512, 10),
                 _case(tname, 19, 512, 64), _case(tname, 64, 4096, 1)]
         out.append(_case(tname, 512, 4096, 64, slow=True))
@@ -160,7 +160,7 @@ def cases():
     out.append(_case("q4_1", 36, 512, 1, accumulate=True))
     # gate/up/swiglu in one dispatch (types with 32-value blocks; others fall back to 3 kernels)
     glu_types = [t for t in WEIGHT_TYPES if get_type(t).qk <= 32]
-    out += [_glu_case(t, 20, 256, (5, 3)[i % 2]) for i, t in enumerate(glu_types)]  # 6 and 4 slots in turn
+    out += [_glu_case(t, 20, 256, (5, 3)[i % 2]) for i, t in enumerate(glu_types)]  # n 5 and 3 in turn
     out.append(_glu_case("q4_1", 36, 512, 1))
     out += [_rope_case("q4_1", 1), _rope_case("q8_0", 2), _rope_case("f16", 1, 32, (2, 2, 1), n_rot=16),
             _rope_case("q4_0", 2, other_path=True)]
