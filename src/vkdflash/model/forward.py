@@ -173,7 +173,7 @@ class Model:
 
     def pass_width(self, n: int) -> int:
         """Rows an n-row pass computes: matmuls run whole slots of nj_for(n) rows, so its cost is
-        that of the next multiple (lavapipe: 5..8 rows cost like 8, 9..16 like 16)."""
+        that of the next multiple (lavapipe: 7..8 rows cost like 8, 9..12 like 12)."""
         nj = nj_for(n, self.matmul_config)
         return -(-n // nj) * nj
 

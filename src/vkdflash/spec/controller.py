@@ -11,7 +11,7 @@ draft (a_1 0.25) then starts plain on lavapipe instead of drafting 3 steps to le
 c_draft(k): seconds of a proposal of up to k tokens (the median of the recent ones per k;
 unseen k interpolated, 0 before the first).
 c_verify(n): seconds of an n-row target pass, priced at the batch width it computes (lavapipe's
-matmuls run 8-row slots: 9 rows cost what 16 do). It starts from the cached curve (the prior)
+matmuls run whole slot groups: 9 rows cost what 12 do). It starts from the cached curve (the prior)
 and learns from every timed verify pass: a width timed a few times lately costs the median of
 those passes; the others keep the prior's shape, scaled as the priced widths nearest them (a
 curve cached while the machine was busy once made 16 rows look 2.6x dearer than they were, so
@@ -71,7 +71,7 @@ class DraftController:
                  persist=None, width=None):
         """verify_seconds: the prior curve {rows: seconds}; persist: called with the learned curve
         when the run ends (finish); width(rows): the rows a pass of that many computes (the target's
-        matmuls run whole batch slots: on lavapipe 5..8 rows cost like 8, 9..16 like 16)."""
+        matmuls run whole batch slots: on lavapipe 7..8 rows cost like 8, 9..12 like 12)."""
         self.k_max, self.fixed, self.probe_every, self.persist = int(k_max), fixed, probe_every, persist
         self.width = width or (lambda rows: rows)
         self.prior = {int(n): float(s) for n, s in verify_seconds.items()}
@@ -283,7 +283,7 @@ class DraftController:
         slow spell teaches it nothing (plain decoding at 35 instead of 47 tok/s had raised every
         width 1.5x and switched the head off; starved of memory, every pass ~15x, 2 rows were
         cached at 16x one row), a fast one heals a curve measured on a busy machine. Only
-        passes of all a width's rows count (9 rows run 16-row matmuls, but attention, norms and
+        passes of all a width's rows count (9 rows ran 16-row matmuls, but attention, norms and
         RoPE of 9: a width's pass cached from them was 62 ms where 16 rows take 75). A width
         shapes no other: a speculative run's 1-row passes come between the strategy's and cost
         more than plain decoding's (28.7 against 21.5 ms), and scaled down with their excess a
