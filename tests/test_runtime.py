@@ -138,3 +138,23 @@ def test_no_vulkan_device_is_a_one_line_error_with_install_hint(monkeypatch):
     with pytest.raises(VkdflashError, match="apt-get install") as err:
         device.choose_device()
     assert "\n" not in str(err.value)
+
+
+def test_a_failed_compile_raises_where_used_and_the_context_still_closes():
+    """Kernels compile on the context's thread pool: a driver error comes back from `handle`
+    (where a graph first waits for it), and closing the context afterwards releases the rest."""
+    from concurrent.futures import Future
+
+    from vkdflash.runtime.context import Context
+    c = Context(list_devices()[0].index)
+
+    def failing(call):
+        f = Future()
+        f.set_exception(RuntimeError("driver said no"))
+        return f
+    c.compiler.submit = failing
+    pipe = c.pipeline("copy", 2, 4, (64,))
+    with pytest.raises(RuntimeError, match="driver said no"):
+        pipe.handle  # noqa: B018
+    c.close()
+    assert c.device is None

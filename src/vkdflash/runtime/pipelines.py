@@ -83,7 +83,10 @@ class Pipeline:
 
     def destroy(self) -> None:
         vk, dev = self.ctx.vk, self.ctx.device
-        vk.vkDestroyPipeline(dev, self.handle, None)
+        try:
+            vk.vkDestroyPipeline(dev, self.handle, None)
+        except Exception:  # noqa: BLE001 -- a compile that failed made no pipeline (its error was raised where used)
+            pass
         vk.vkDestroyPipelineLayout(dev, self.layout, None)
         vk.vkDestroyDescriptorSetLayout(dev, self.set_layout, None)
         vk.vkDestroyShaderModule(dev, self.module, None)
