@@ -350,3 +350,23 @@ def test_bench_spec_warms_every_length_before_the_measured_run(target):
     assert asked[:8] == [1, 2, 3, 4, 1, 2, 3, 4]
     assert all(model.recorded(n, n > 1, greedy=True) for n in range(1, 6))  # as the greedy run passes them
     assert report["spec"]["draft_length"]["held_for_setup"] == 0
+
+
+class Short(Asked):
+    """Drafts at most 3 tokens, as a DFlash draft with blocks of 4 would."""
+    longest_draft = 3
+
+
+def test_draft_max_is_capped_at_what_the_strategy_can_draft(target, caplog):
+    from vkdflash.spec.controller import DraftController
+    model, tok = target
+    plain, _ = run(model, tok, n=40)
+    asked, stats = [], SpecStats()
+    with caplog.at_level(logging.INFO, logger="vkdflash"):
+        spec = Speculator(model, "short", lambda ctx: Short(plain, asked), StrategyOptions(draft_max=16), stats,
+                          DraftController(16, {n: 0.002 * n for n in (1, 2, 4, 8, 16)}, fixed=True))
+        got = list(generate(model, tok, PROMPT, 24, Sampler(temp=0.0), (), Stats(), spec))
+    spec.close()
+    assert "".join(got) == "".join(generate(model, tok, PROMPT, 24, Sampler(temp=0.0)))
+    assert asked and max(asked) == 3 and stats.draft_max == 3 and len(stats.per_position) == 3
+    assert any("draft max 3 (the strategy drafts at most 3; --draft-max 16)" in r.getMessage() for r in caplog.records)

@@ -47,6 +47,7 @@ class DFlash(Strategy):
         self.expected_first_acceptance = self.record.first_acceptance
         self.hp = hp = self.draft.hp
         self.capture_layers = hp.target_layers
+        self.longest_draft = hp.block_size - 1  # row 0 of a block is the last committed token
         self.n_vocab = ctx.target.n_vocab
         self.vocab = draft_vocab(self.draft.gguf.metadata, self.n_vocab, ctx.options.settings)
         if self.vocab and not hp.own_output and ctx.target.model_file is None:

@@ -97,6 +97,11 @@ class DraftController:
         """The prior of a_1: what the draft measured on its suite (evidence outweighs it in a few steps)."""
         self.first_prior = min(max(float(first_acceptance), 0.0), 1.0)
 
+    def limit(self, k_max: int) -> None:
+        """Lower k_max to what the strategy can draft (before the first step)."""
+        self.k_max = min(self.k_max, int(k_max))
+        self.counts, self.run_counts = self.counts[:self.k_max], self.run_counts[:self.k_max]
+
     def acceptance(self, counts=None) -> np.ndarray:
         """a_j for j = 1..k_max (from the decayed counts, or the given ones)."""
         out, prior = np.empty(self.k_max), self.first_prior

@@ -163,6 +163,9 @@ class Strategy:
     # when it knows one (api.suite_record): the draft-length controller starts from it, and the
     # engine warns when live a_1 falls far below it
     expected_first_acceptance: float | None = None
+    # the most tokens propose() ever drafts (a DFlash block's size - 1), None: no bound of its own;
+    # the engine caps --draft-max there, so the draft-length controller never prices longer drafts
+    longest_draft: int | None = None
 
     def begin(self, ctx: StrategyContext) -> None:
         pass
