@@ -369,4 +369,4 @@ def test_draft_max_is_capped_at_what_the_strategy_can_draft(target, caplog):
     spec.close()
     assert "".join(got) == "".join(generate(model, tok, PROMPT, 24, Sampler(temp=0.0)))
     assert asked and max(asked) == 3 and stats.draft_max == 3 and len(stats.per_position) == 3
-    assert any("draft max 3 (the strategy drafts at most 3; --draft-max 16)" in r.getMessage() for r in caplog.records)
+    assert any("draft max 3 (the strategy's longest draft, not --draft-max 16; fixed length" in r.getMessage() for r in caplog.records)

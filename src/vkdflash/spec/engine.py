@@ -70,8 +70,8 @@ class Speculator:
         capped = ""
         if isinstance(longest, int) and 0 < longest < options.draft_max:
             self.control.limit(longest)
-            stats.draft_max, capped = longest, f" (the strategy drafts at most {longest}; --draft-max {options.draft_max})"
-        log.info("speculation: strategy %s, draft max %d%s (%s length, a_1 prior %.2f from %s), draft p-min %g, "
+            stats.draft_max, capped = longest, f"the strategy's longest draft, not --draft-max {options.draft_max}; "
+        log.info("speculation: strategy %s, draft max %d (%s%s length, a_1 prior %.2f from %s), draft p-min %g, "
                  "captures %s, draft cache K %s V %s", name, stats.draft_max, capped,
                  "fixed" if self.control.fixed else "cost-aware", self.control.first_prior,
                  "the draft's record" if expected else "no record", options.p_min, list(self.capture) or "none",
