@@ -370,3 +370,19 @@ def test_draft_max_is_capped_at_what_the_strategy_can_draft(target, caplog):
     assert "".join(got) == "".join(generate(model, tok, PROMPT, 24, Sampler(temp=0.0)))
     assert asked and max(asked) == 3 and stats.draft_max == 3 and len(stats.per_position) == 3
     assert any("draft max 3 (the strategy's longest draft, not --draft-max 16; fixed length" in r.getMessage() for r in caplog.records)
+
+
+def test_bench_spec_warms_only_the_lengths_a_strategy_drafts(target):
+    from vkdflash import bench
+    from vkdflash.spec.controller import DraftController
+    model, tok = target
+    plain, _ = run(model, tok, n=40)
+    asked = []
+
+    def make(stats):
+        return Speculator(model, "short", lambda ctx: Short(plain, asked), StrategyOptions(draft_max=16), stats,
+                          DraftController(16, {n: 0.002 * n for n in (1, 2, 4, 8, 16)}))
+
+    report = bench.spec(model, tok, tok.decode(PROMPT), 24, make)
+    assert report["identical_output"] and report["spec"]["draft_max"] == 3
+    assert asked[:6] == [1, 2, 3, 1, 2, 3] and max(asked) == 3

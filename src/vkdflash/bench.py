@@ -172,7 +172,7 @@ def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator, reps: in
             # every length's kernels compiled, the target's and the strategy's, as in a server that
             # has run a while: the measured runs are the steady state (a short cold run's compiles
             # are the controller's to weigh); the curve it learns is cached for the measured runs
-            k_max = speculator.ctx.options.draft_max
+            k_max = speculator.control.k_max  # --draft-max, or the strategy's longest draft below it
             for n in range(1, min(k_max, m.cache.n_ctx - len(ids)) + 2):
                 m.reset()
                 m.forward([ids[0]] * n, all_logits=n > 1, capture=speculator.capture, greedy=greedy)
