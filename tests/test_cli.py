@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from vkdflash.cli import main
@@ -131,3 +132,32 @@ def test_bench_model_profile_and_verify_curve(tmp_path):
         assert sum(f["dispatches"] for f in p["families"].values()) == p["dispatches"]
     curve = report["verify_curve"]["relative"]
     assert list(curve) == ["1", "2", "4", "8", "16", "32"] and curve["1"] == 1.0 and curve["32"] > 1.0
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_log_line_waits_for_the_streamed_texts_line_break(hold):
+    """On a terminal that shows both, a warning no longer lands in the middle of generated code."""
+    import io
+    import logging
+    import logging.handlers
+    from vkdflash.cli_stream import TextStream
+    out = io.StringIO()
+    shown = logging.StreamHandler(out)
+    shown.setFormatter(logging.Formatter("vkdflash: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(shown)
+    try:
+        stream = TextStream(hold=hold, handler=shown, out=out)
+        stream.write("def f():\n    ret")
+        logging.getLogger("vkdflash").warning("switched off")
+        stream.write("urn 1\nf(")
+        logging.getLogger("vkdflash").warning("twice")
+        stream.write(")")
+        stream.close()
+    finally:
+        root.removeHandler(shown)
+    assert shown not in root.handlers and not any(isinstance(h, logging.handlers.MemoryHandler) for h in root.handlers)
+    if hold:
+        assert out.getvalue() == "def f():\n    return 1\nvkdflash: switched off\nf()\nvkdflash: twice\n"
+    else:
+        assert "    retvkdflash: switched off\n" in out.getvalue()

@@ -10,6 +10,7 @@ import click
 from .errors import VkdflashError
 from .cli_options import DEVICE_OPTION, model_options, open_model
 from .cli_spec import build_speculator, spec_options
+from .cli_stream import TextStream
 
 log = logging.getLogger("vkdflash")
 
@@ -182,15 +183,16 @@ def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, sto
         stats, spec_stats = Stats(), SpecStats()
         name = spec_request.resolve_for(model.mf, model.ctx.features.device_type)
         speculator = build_speculator(model, spec_request, name, not no_kv_rotation, spec_stats)
-        if not chat:
-            click.echo(text, nl=False)
+        stream = TextStream()
         try:
+            if not chat:
+                stream.write(text)
             for piece in run(model, tok, ids, n_predict, sampler, stops, stats, speculator):
-                click.echo(piece, nl=False)
+                stream.write(piece)
         finally:
+            stream.close()
             if speculator is not None:
                 speculator.close()
-        click.echo()
         click.echo(stats.line(), err=True)
         if speculator is not None:
             click.echo(spec_stats.line(), err=True)
