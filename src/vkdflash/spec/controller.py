@@ -45,6 +45,7 @@ next to nothing."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from statistics import median
 
 import numpy as np
@@ -77,10 +78,11 @@ class DraftController:
         self.prior = {int(n): float(s) for n, s in verify_seconds.items()}
         self.timed: dict[int, list[tuple[int, float, bool]]] = {}  # (pass number, seconds, all rows used) per width
         self.log_scale, self.scaled = 0.0, 0  # live / prior, in logs; passes behind it
-        self.verify = self._curve()
+        self.verify, self._verify_at = self._curve(), {}  # the curve, and c_verify's prices from it
         self.full = 0       # drafts of the last step when all were accepted, else 0
         self.draft: dict[int, list[float]] = {}  # recent proposal seconds per k
         self.draft_cost: dict[int, float] = {}  # their medians (rates() prices every k each step)
+        self._draft_at: dict[int, float] = {}  # c_draft's prices from them
         self.counts = np.zeros((self.k_max, 2))  # decayed (accepted, rejected) per draft position
         self.run_counts = np.zeros((self.k_max, 2))  # the same, undecayed: what the stop rule judges by
         self.first_prior = 0.5
@@ -104,10 +106,11 @@ class DraftController:
 
     def acceptance(self, counts=None) -> np.ndarray:
         """a_j for j = 1..k_max (from the decayed counts, or the given ones)."""
-        out, prior = np.empty(self.k_max), self.first_prior
-        for j, (acc, rej) in enumerate(self.counts if counts is None else counts):
-            out[j] = prior = (acc + PRIOR * prior) / (acc + rej + PRIOR)
-        return out
+        out, prior = [], self.first_prior
+        for acc, rej in (self.counts if counts is None else counts).tolist():
+            prior = (acc + PRIOR * prior) / (acc + rej + PRIOR)
+            out.append(prior)
+        return np.array(out)
 
     def _curve(self, min_passes: int = SHAPE_PASSES) -> dict[int, float]:
         """Verify seconds per row count: a width timed `min_passes` times or more costs the median
@@ -125,7 +128,7 @@ class DraftController:
             """log(live / prior) at n: between the priced widths (in log rows), so an unpriced 2-row
             pass keeps the prior's ratio to the 1-row one the run timed; before any is priced, the
             running scale of all passes."""
-            return float(np.interp(math.log2(n), log_x, logs)) if xs else self.log_scale
+            return _lerp(math.log2(n), log_x, logs) if xs else self.log_scale
 
         table = {n: s * math.exp(log_scale(n)) for n, s in self.prior.items()}
         table.update(priced)
@@ -148,15 +151,28 @@ class DraftController:
         return {n: self.verify[n] for n, t in self._recent().items() if len(t) >= SHAPE_PASSES}
 
     def c_verify(self, n: int) -> float:
-        return _interp(self.verify, self.width(n))
+        cost = self._verify_at.get(n)
+        if cost is None:
+            cost = self._verify_at[n] = _interp(self.verify, self.width(n))
+        return cost
 
     def c_draft(self, k: int) -> float:
-        return _interp(self.draft_cost, k) if k and self.draft_cost else 0.0
+        if not (k and self.draft_cost):
+            return 0.0
+        cost = self._draft_at.get(k)
+        if cost is None:
+            cost = self._draft_at[k] = _interp(self.draft_cost, k)
+        return cost
 
     def rates(self, limit: int, counts=None) -> list[float]:
-        """Committed tokens per second with k = 0..limit drafts."""
-        tokens = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.acceptance(counts)[:limit]))])
-        return [float(t) / (self.c_verify(k + 1) + self.c_draft(k) + self.overhead) for k, t in enumerate(tokens)]
+        """Committed tokens per second with k = 0..limit drafts (plain Python: the controller runs
+        every step, and numpy's per-call cost on these few values was 2% of a lavapipe decode step)."""
+        tokens, reach, expected = [1.0], 1.0, 0.0
+        for a in self.acceptance(counts)[:limit].tolist():
+            reach *= a
+            expected += reach
+            tokens.append(1.0 + expected)
+        return [t / (self.c_verify(k + 1) + self.c_draft(k) + self.overhead) for k, t in enumerate(tokens)]
 
     def expected_rate(self, k: int) -> float:
         return self.rates(k)[k]
@@ -177,7 +193,7 @@ class DraftController:
         # judged on the whole run's acceptance: the decayed one follows the text, and one unlucky
         # stretch would switch off a strategy that pays
         rates = self.rates(self.k_max, self.run_counts)
-        k = int(np.argmax(rates))
+        k = _argmax(rates)
         best, plain, a_1 = rates[k], self.plain_rate(), self.acceptance(self.run_counts)[0]
         if k == 0 and self.overhead > UPKEEP_SHARE * self.c_verify(1):
             return (f"it costs more than it saves here: no draft length pays (a_1 {a_1:.2f}) and it "
@@ -211,7 +227,7 @@ class DraftController:
         """Seconds the last step spent keeping the strategy's state (its commit); the median of
         the recent ones, as a first commit of a shape may compile kernels."""
         self.overheads = (self.overheads + [seconds])[-STOP_STEPS:]
-        self.overhead = float(np.median(self.overheads))
+        self.overhead = float(median(self.overheads))
 
     # -- deciding and learning -------------------------------------------------------
     def choose(self, room: int, setup=None) -> int:
@@ -234,7 +250,7 @@ class DraftController:
             # cold process pricing it here made the first step draft (a 2-row compile, ~1.6 s)
             rates = self.rates(limit)
             k = min(range(limit + 1), key=lambda j: room / rates[j] + (setup(j + 1) if j else 0.0))
-            self.held += k < int(np.argmax(rates))
+            self.held += k < _argmax(rates)
             reach = min(limit, 2 * self.full + 1)
             if self.full and reach > k and self.width(reach + 1) not in self.live and affordable(reach):
                 k = reach  # the last drafts all held: learn what a longer verify costs here
@@ -257,16 +273,16 @@ class DraftController:
         rows = self.width(drafted + 1)
         if verify_seconds is not None:
             # a pass that paid for compiling or ran on a busy machine moves the scale a bounded step
-            ratio = np.log(max(verify_seconds, 1e-9) / _interp(self.prior, rows))
+            ratio = math.log(max(verify_seconds, 1e-9) / _interp(self.prior, rows))
             self.scaled += 1
-            step = float(np.clip(ratio - self.log_scale, -MAX_SCALE_STEP, MAX_SCALE_STEP))
+            step = min(max(ratio - self.log_scale, -MAX_SCALE_STEP), MAX_SCALE_STEP)
             self.log_scale += step * max(1 - DECAY, 1 / self.scaled)
             pass_ = (self.scaled, float(verify_seconds), rows == drafted + 1)
             self.timed[rows] = (self.timed.get(rows, []) + [pass_])[-KEEP_PASSES:]
-            self.verify = self._curve()
+            self.verify, self._verify_at = self._curve(), {}
         if k and draft_seconds is not None:
             self.draft[k] = (self.draft.get(k, []) + [float(draft_seconds)])[-KEEP_PASSES:]
-            self.draft_cost[k] = median(self.draft[k])
+            self.draft_cost[k], self._draft_at = median(self.draft[k]), {}
         self.full = drafted if drafted and accepted == drafted else 0
         self.total += (drafted, accepted)
         if self.probing:
@@ -324,12 +340,29 @@ def _monotone(table: dict) -> dict:
 
 def _interp(table: dict, x: int) -> float:
     """Piecewise linear over the known points, extended linearly past the last one."""
-    xs = sorted(table)
     if x in table:
         return table[x]
+    xs = sorted(table)
     if len(xs) == 1:
         return table[xs[0]] * x / xs[0]
     if x > xs[-1]:
         a, b = xs[-2], xs[-1]
         return table[b] + (table[b] - table[a]) / (b - a) * (x - b)
-    return float(np.interp(x, xs, [table[v] for v in xs]))
+    return _lerp(x, xs, [table[v] for v in xs])
+
+
+def _argmax(values: list) -> int:
+    """The first index of the largest value, as np.argmax."""
+    return max(range(len(values)), key=values.__getitem__)
+
+
+def _lerp(x: float, xs: list, ys: list) -> float:
+    """np.interp for one point, arithmetic and all (held at the end values outside xs)."""
+    if x <= xs[0]:
+        return float(ys[0])
+    if x >= xs[-1]:
+        return float(ys[-1])
+    j = bisect_right(xs, x) - 1
+    if x == xs[j]:
+        return float(ys[j])
+    return float((ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j]) * (x - xs[j]) + ys[j])
