@@ -477,3 +477,14 @@ def test_the_controllers_arithmetic_is_numpys():
             assert _lerp(float(x), xs.tolist(), ys.tolist()) == float(np.interp(x, xs, ys))
         values = rng.integers(0, 4, 9).astype(float).tolist()
         assert _argmax(values) == int(np.argmax(values))
+
+
+def test_a_longer_draft_is_never_priced_below_a_shorter_one():
+    """Draft timings that fall with k (the first k 1 proposal paid a compile: 656 ms, then k 3
+    422 ms) once extrapolated to a negative cost at k 14, and the controller drafted 14 at a_1 0.5."""
+    c = DraftController(16, CPU)
+    c.update(1, 1, 1, CPU[2], 0.656)
+    c.update(3, 3, 0, CPU[4], 0.422)
+    costs = [c.c_draft(k) for k in range(1, 17)]
+    assert all(0.0 <= a <= b for a, b in zip(costs, costs[1:]))
+    assert c.choose(14) == 0

@@ -386,3 +386,32 @@ def test_bench_spec_warms_only_the_lengths_a_strategy_drafts(target):
     report = bench.spec(model, tok, tok.decode(PROMPT), 24, make)
     assert report["identical_output"] and report["spec"]["draft_max"] == 3
     assert asked[:6] == [1, 2, 3, 1, 2, 3] and max(asked) == 3
+
+
+class Compiling(Oracle):
+    """The oracle, but every proposal creates a kernel pipeline (as a draft's first pass of a new
+    width compiles one): its timings are not what drafting costs."""
+
+    class Kernel:
+        def destroy(self):
+            pass
+
+    def propose(self, ctx, last_token, max_n):
+        ctx.gpu.pipelines[("test: compiled while proposing", len(ctx.tokens))] = self.Kernel()
+        return super().propose(ctx, last_token, max_n)
+
+
+@pytest.mark.parametrize("strategy, learned", [(Oracle, True), (Compiling, False)])
+def test_a_proposal_that_compiled_is_not_learned_as_drafting_cost(target, strategy, learned):
+    from vkdflash.spec.controller import DraftController
+    model, tok = target
+    plain, _ = run(model, tok, n=40)
+    control = DraftController(3, {n: 0.002 * n for n in (1, 2, 4, 8)}, fixed=True)
+    spec = Speculator(model, "t", lambda ctx: strategy(plain), StrategyOptions(draft_max=3), SpecStats(), control)
+    try:
+        list(generate(model, tok, PROMPT, 24, Sampler(temp=0.0), (), Stats(), spec))
+    finally:
+        spec.close()
+        for key in [k for k in model.ctx.pipelines if k[0] == "test: compiled while proposing"]:
+            del model.ctx.pipelines[key]
+    assert bool(control.draft) == learned

@@ -149,9 +149,9 @@ class Speculator:
                 return
             max_n = self.control.choose(room, lambda rows: model.setup_seconds(rows, rows > 1, self.capture, greedy)) \
                 if self.strategy is not None else 0
-            t0 = time.perf_counter()
+            t0, kernels = time.perf_counter(), len(model.ctx.pipelines)
             prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
-            t1 = time.perf_counter()
+            t1, compiled = time.perf_counter(), len(model.ctx.pipelines) > kernels
             capture = self.capture if self.strategy is not None else ()  # a switched-off strategy reads none
             rows = 1 + len(prop.tokens)  # one row: plain decoding's own pass (measured 2-3% faster)
             warm = model.recorded(rows, rows > 1, capture, greedy)
@@ -164,10 +164,11 @@ class Speculator:
             self.stats.record(len(prop.tokens), n)
             self._watch()
             # a first pass records a graph and compiles kernels (a 3-row verify once took 1.8 s,
-            # 40 ms after): not a cost to learn; the same for a strategy's first proposal of a shape
+            # 40 ms after): not a cost to learn; nor a strategy's first proposal of a shape, or one
+            # that compiled (MTP writing held positions in a pass of a new width: 0.66 s for k 1)
             shape = (max_n, len(prop.tokens))
             self.control.update(max_n, len(prop.tokens), n, t2 - t1 if warm else None,
-                                t1 - t0 if shape in self._seen else None)
+                                t1 - t0 if shape in self._seen and not compiled else None)
             self._seen.add(shape)
             log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), max_n, n)
             if self.strategy is not None:
