@@ -82,6 +82,7 @@ class DraftController:
         self.full = 0       # drafts of the last step when all were accepted, else 0
         self.draft: dict[int, list[float]] = {}  # recent proposal seconds per k
         self.draft_cost: dict[int, float] = {}  # their medians (rates() prices every k each step)
+        self._rising: dict[int, float] = {}  # the medians, raised so a longer draft never costs less
         self._draft_at: dict[int, float] = {}  # c_draft's prices from them
         self.counts = np.zeros((self.k_max, 2))  # decayed (accepted, rejected) per draft position
         self.run_counts = np.zeros((self.k_max, 2))  # the same, undecayed: what the stop rule judges by
@@ -161,12 +162,7 @@ class DraftController:
             return 0.0
         cost = self._draft_at.get(k)
         if cost is None:
-            # a longer draft never costs less: priced from a table that never falls (learned
-            # 1: 656 ms, 3: 422 ms, extrapolated, had priced 14 drafts at -864 ms, and chosen them)
-            rising, top = {}, 0.0
-            for j in sorted(self.draft_cost):
-                top = rising[j] = max(top, self.draft_cost[j])
-            cost = self._draft_at[k] = _interp(rising, k)
+            cost = self._draft_at[k] = _interp(self._rising, k)
         return cost
 
     def rates(self, limit: int, counts=None) -> list[float]:
@@ -287,7 +283,13 @@ class DraftController:
             self.verify, self._verify_at = self._curve(), {}
         if k and draft_seconds is not None:
             self.draft[k] = (self.draft.get(k, []) + [float(draft_seconds)])[-KEEP_PASSES:]
-            self.draft_cost[k], self._draft_at = median(self.draft[k]), {}
+            self.draft_cost[k] = median(self.draft[k])
+            # priced from a table that never falls with k (learned 1: 656 ms, 3: 422 ms,
+            # extrapolated, had priced 14 drafts at -864 ms, and chosen them)
+            self._rising, top = {}, 0.0
+            for j in sorted(self.draft_cost):
+                top = self._rising[j] = max(top, self.draft_cost[j])
+            self._draft_at = {}
         self.full = drafted if drafted and accepted == drafted else 0
         self.total += (drafted, accepted)
         if self.probing:
