@@ -488,3 +488,18 @@ def test_a_longer_draft_is_never_priced_below_a_shorter_one():
     costs = [c.c_draft(k) for k in range(1, 17)]
     assert all(0.0 <= a <= b for a, b in zip(costs, costs[1:]))
     assert c.choose(14) == 0
+
+
+def test_without_a_curve_it_decodes_plain_until_one_is_measured():
+    c = DraftController(8, None)
+    c.expect(0.5)
+    assert c.choose(1000) == 0 and not c.measuring_pays(1000, 3.0, 28)  # no 1-row pass timed yet
+    c.update(0, 0, 0, 0.02, None)
+    # E(8) at a_j 0.5 is ~2: 100 tokens at 20 ms save at most ~1 s, measuring costs 3.56 s
+    assert not c.measuring_pays(100, 3.0, 28)
+    assert "(once, ~3.6 s) would cost more than the 100 tokens left could save (at most 1.0 s)" in c.unmeasured
+    assert c.measuring_pays(1000, 3.0, 28)  # ~10 s
+    assert c.choose(1000) == 0 and c.stop_reason() is None and c.summary()["expected_tps"] is None
+    c.finish()  # nothing to persist: no persist callback is even needed
+    c.measured({1: 0.02, 2: 0.021, 4: 0.023})
+    assert c.unmeasured is None and c.choose(1000) > 0 and c.summary()["expected_tps"] > c.summary()["plain_tps"]

@@ -125,11 +125,13 @@ def test_shipped_drafts_record_their_suite_acceptance(smollm2, name):
     assert suite_record(Metadata({}, {})).first_acceptance is None  # a draft made elsewhere records nothing
 
 
-def test_default_speculation_follows_the_measured_speedup_and_dflash_needs_no_md(caplog):
+def test_default_speculation_follows_the_measured_speedup_and_dflash_needs_no_md(caplog, tmp_path, monkeypatch):
     """Neither --spec nor -md on the default model: on a GPU a shipped draft runs (cost-aware); on
     a CPU device only one whose recorded bench speedup there beat plain decoding by more than its
     noise (MIN_CPU_SPEEDUP; when none did, off, and the run says why). Greedy output is that of
-    --spec none either way, and --spec dflash finds the shipped draft without -md."""
+    --spec none either way, and --spec dflash finds the shipped draft without -md. With no verify
+    curve cached, a default run too short to repay measuring one does not (on lavapipe it had made
+    the README's first command 3.5x slower than --spec none)."""
     from click.testing import CliRunner
 
     from vkdflash.cli import main
@@ -141,8 +143,12 @@ def test_default_speculation_follows_the_measured_speedup_and_dflash_needs_no_md
     finally:
         mf.close()
     args = ["generate", "-n", "16", "--temp", "0", "def is_prime(n):"]
+    curves = tmp_path / "verify-curves.json"
+    monkeypatch.setenv("VKDFLASH_CURVES", str(curves))
     with caplog.at_level(logging.INFO, logger="vkdflash"):
         auto = CliRunner().invoke(main, ["-v"] + args)
+    if "speculation on by default" in caplog.text:
+        assert not curves.exists() and "verify cost unmeasured: measuring it" in auto.output, auto.output
     plain = CliRunner().invoke(main, args + ["--spec", "none"])
     dflash = CliRunner().invoke(main, args + ["--spec", "dflash", "--draft-fixed"])
     assert auto.exit_code == plain.exit_code == dflash.exit_code == 0, (auto.output, dflash.output)

@@ -415,3 +415,38 @@ def test_a_proposal_that_compiled_is_not_learned_as_drafting_cost(target, strate
         for key in [k for k in model.ctx.pipelines if k[0] == "test: compiled while proposing"]:
             del model.ctx.pipelines[key]
     assert bool(control.draft) == learned
+
+
+@pytest.mark.parametrize("pays", [False, True])
+def test_with_no_cached_curve_a_run_measures_it_mid_way_only_where_that_pays(target, pays):
+    """A controller with no curve decodes plain until measuring pays; then the curve is timed
+    after the request's context (which must survive it: the output stays plain decoding's) and
+    the oracle drafts."""
+    from vkdflash.spec import curve
+    from vkdflash.spec.controller import DraftController
+
+    class Judged(DraftController):
+        def measuring_pays(self, room, compile_seconds, passes):
+            self.asked.append((room, compile_seconds, passes))
+            verdict = super().measuring_pays(room, compile_seconds, passes)  # this tiny model's: never
+            return bool(self.timed) if pays else verdict
+
+    model, tok = target
+    reference, _ = run(model, tok, n=32)
+    measured = []
+    stats = SpecStats()
+    control = Judged(8, None)
+    control.asked = []
+    spec = Speculator(model, "oracle", lambda ctx: Oracle(reference), StrategyOptions(draft_max=8), stats, control,
+                      measure=lambda: measured.append(model.cache.n_past) or curve.measure_here(model))
+    got = list(generate(model, tok, PROMPT, 32, Sampler(temp=0.0), (), Stats(), spec))
+    spec.close()
+    assert "".join(got) == "".join(generate(model, tok, PROMPT, 32, Sampler(temp=0.0)))
+    # asked at every step until a 1-row pass was timed (the first one compiles), then judged once
+    assert [a[0] for a in control.asked] == [30, 29] and control.asked[0][2] == curve.measuring_passes()
+    if pays:  # after the prompt and the first generated token
+        assert measured == [len(PROMPT) + 1] and control.unmeasured is None
+        assert stats.drafted > 0 and stats.accepted == stats.drafted
+    else:  # the tokens left only shrink, and so does what measuring could save
+        assert measured == [] and stats.drafted == 0
+        assert "verify cost unmeasured: measuring it (once" in stats.line()

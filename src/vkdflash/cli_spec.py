@@ -131,24 +131,37 @@ def spec_options(f):
     return wrapper
 
 
-def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats):
-    """A Speculator for strategy `name` (from request.resolve()), or None for plain decoding."""
+def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats, lazy_curve: bool = False):
+    """A Speculator for strategy `name` (from request.resolve()), or None for plain decoding.
+    lazy_curve: with no verify curve cached, measure it only once the rest of the run can repay
+    that (speculation on by default must not make a short run slower than plain decoding); else
+    before the first token."""
     if name == "none":
         return None
     from .plugins import lookup
     from .spec.controller import DraftController
-    from .spec.curve import remember, verify_costs
+    from .spec.curve import cached_costs, curve_file, measure_here, remember, verify_costs
     from .spec.engine import Speculator
     from .spec.strategy import StrategyOptions
     options = StrategyOptions(draft_model=request.draft_model, draft_max=request.draft_max, p_min=request.draft_p_min,
                               cache_type_k=request.ctkd, cache_type_v=request.ctvd, rotate=rotate,
                               settings=request.settings(name))
+    measure = None
     if request.draft_fixed:
         control = DraftController(request.draft_max, {1: 1.0}, fixed=True)
     else:
-        control = DraftController(request.draft_max, verify_costs(model), persist=lambda curve: remember(model, curve),
+        curve = cached_costs(model) if lazy_curve else verify_costs(model)
+        if curve is None:
+            log.info("no verify cost curve cached for this model on this device (%s): measured once a run's "
+                     "remaining tokens can repay it; until then plain decoding", curve_file())
+
+            def measure():
+                measured = measure_here(model)
+                remember(model, measured)
+                return measured
+        control = DraftController(request.draft_max, curve, persist=lambda curve: remember(model, curve),
                                   width=model.pass_width)
-    spec = Speculator(model, name, lookup(name).factory, options, stats, control)
+    spec = Speculator(model, name, lookup(name).factory, options, stats, control, measure)
     if spec.strategy is None:  # the factory itself failed: that is the user's error, say it once
         raise VkdflashError(f"strategy {name} could not start: {stats.disabled}")
     return spec

@@ -65,17 +65,20 @@ SHAPE_PASSES = 3    # recent passes of a width before their median prices it (be
 KEEP_PASSES = 15    # timings kept per width (and per draft length)
 WINDOW = 32         # passes a timing counts as recent: widths are priced from one spell of the machine
 PERSIST_PASSES = 8  # passes of a width before the cache learns its cost (one is noise)
+UNTIMED = "no 1-row pass was timed before the run ended"  # why a run with no cached curve measured none
 
 
 class DraftController:
     def __init__(self, k_max: int, verify_seconds: dict, fixed: bool = False, probe_every: int = 8,
                  persist=None, width=None):
-        """verify_seconds: the prior curve {rows: seconds}; persist: called with the learned curve
+        """verify_seconds: the prior curve {rows: seconds}, or None where none is cached yet (every
+        step is then plain until `measured` gives one); persist: called with the learned curve
         when the run ends (finish); width(rows): the rows a pass of that many computes (the target's
         matmuls run whole batch slots: on lavapipe 7..8 rows cost like 8, 9..12 like 12)."""
         self.k_max, self.fixed, self.probe_every, self.persist = int(k_max), fixed, probe_every, persist
         self.width = width or (lambda rows: rows)
-        self.prior = {int(n): float(s) for n, s in verify_seconds.items()}
+        self.unmeasured = None if verify_seconds is not None or fixed else UNTIMED  # why no curve
+        self.prior = {int(n): float(s) for n, s in (verify_seconds or {1: 1.0}).items()}
         self.timed: dict[int, list[tuple[int, float, bool]]] = {}  # (pass number, seconds, all rows used) per width
         self.log_scale, self.scaled = 0.0, 0  # live / prior, in logs; passes behind it
         self.verify, self._verify_at = self._curve(), {}  # the curve, and c_verify's prices from it
@@ -104,6 +107,30 @@ class DraftController:
         """Lower k_max to what the strategy can draft (before the first step)."""
         self.k_max = min(self.k_max, int(k_max))
         self.counts, self.run_counts = self.counts[:self.k_max], self.run_counts[:self.k_max]
+
+    def measuring_pays(self, room: int, compile_seconds: float, passes: int) -> bool:
+        """Whether measuring the verify curve now (compiles, then `passes` rows of passes) can be
+        repaid by the `room` tokens left: with free verify passes and drafts at the acceptance
+        the draft expects, they would save room * c_1 * (1 - 1/E(k_max)) at most. A default run
+        of 128 tokens on lavapipe measured ~4 s to save 1-2 s, and took twice plain's time."""
+        ones = [s for _, s, _ in self.timed.get(self.width(1), [])]
+        if not ones:
+            return False  # the first pass compiled: no 1-row cost yet
+        c_1, limit, reach, tokens = median(ones), min(self.k_max, room), 1.0, 1.0
+        for a in self.acceptance()[:limit].tolist():
+            reach *= a
+            tokens += reach
+        most, cost = room * c_1 * (1.0 - 1.0 / tokens), compile_seconds + passes * c_1
+        if most <= cost and self.unmeasured == UNTIMED:  # the first judgement, when most tokens were left
+            self.unmeasured = (f"measuring it (once, ~{cost:.1f} s) would cost more than the {room} tokens left "
+                               f"could save (at most {most:.1f} s)")
+        return most > cost
+
+    def measured(self, verify_seconds: dict) -> None:
+        """The curve measured mid-run: the prior from now on."""
+        self.unmeasured, self.log_scale = None, 0.0
+        self.prior = {int(n): float(s) for n, s in verify_seconds.items()}
+        self.verify, self._verify_at = self._curve(), {}
 
     def acceptance(self, counts=None) -> np.ndarray:
         """a_j for j = 1..k_max (from the decayed counts, or the given ones)."""
@@ -185,7 +212,7 @@ class DraftController:
     def stop_reason(self) -> str | None:
         """Why the strategy should be switched off (it costs more than it saves), or None while it
         pays or the evidence is thin (never when fixed)."""
-        if self.fixed or self.scaled < STOP_STEPS:
+        if self.fixed or self.unmeasured or self.scaled < STOP_STEPS:
             return None
         if self.total[0] >= self.stop_drafts() and not self.total[1]:
             # its upkeep (captures, commits) is then pure cost, and hidden in the live curve
@@ -237,7 +264,9 @@ class DraftController:
         batch width on lavapipe, more than a short run can earn back), paid only where the rest
         of the run repays it."""
         limit = min(self.k_max, room)
-        if limit <= 0:
+        if limit <= 0 or self.unmeasured:
+            self.idle += 1
+            self.chosen.append(0)
             return 0
         if self.fixed:
             k = limit
@@ -317,7 +346,7 @@ class DraftController:
         more than plain decoding's (28.7 against 21.5 ms), and scaled down with their excess a
         16-row pass was cached at 48 ms where it takes 75."""
         timed = self._priced(PERSIST_PASSES, full=True)
-        if self.persist is None or not timed:
+        if self.persist is None or not timed or self.unmeasured:
             return
         curve = dict(self.prior)
         for n, s in timed.items():
@@ -329,9 +358,11 @@ class DraftController:
         (None when fixed: that controller prices nothing, its curve is a placeholder)."""
         mean_k = float(np.mean(self.chosen)) if self.chosen else 0.0
         k = int(round(mean_k))
+        priced = not (self.fixed or self.unmeasured)
         return {"mode": "fixed" if self.fixed else "cost-aware", "mean_k": mean_k, "held_for_setup": self.held,
-                "expected_tps": None if self.fixed else self.expected_rate(k),
-                "plain_tps": None if self.fixed else self.plain_rate(),
+                "unmeasured": self.unmeasured,
+                "expected_tps": self.expected_rate(k) if priced else None,
+                "plain_tps": self.plain_rate() if priced else None,
                 "overhead_seconds": self.overhead,
                 "acceptance": [round(float(a), 3) for a in self.acceptance()],
                 "verify_seconds": {str(n): s for n, s in sorted(self.verify.items())}}

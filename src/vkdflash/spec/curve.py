@@ -17,6 +17,11 @@ from ..runtime.pipelines import spirv_build_id
 
 log = logging.getLogger("vkdflash")
 ROWS = (1, 2, 4, 8, 16, 32)
+# what a run measures when no curve is cached: each width is a kernel compile (~1 s on lavapipe),
+# and all of ROWS at a 64-token context held the README's first command 8.8 s, 1-4 rows 3.9 s;
+# wider passes are priced by extrapolation (dearer than they turn out) until a run's own passes
+# price them, and the cache keeps what they cost
+FIRST_ROWS = (1, 2, 4)
 # bumped when what is cached changes meaning: 2 keeps only widths timed often, 3 no longer scales
 # them with the 1-row figure (controller.finish)
 CURVE_FORMAT = "curves 3"
@@ -32,14 +37,34 @@ def measure(model, rows=ROWS, context: int = 64, reps: int = 3) -> dict[int, flo
     model.reset()
     if context:
         model.forward(tokens[:context])
+    seconds = _rounds(model, context, tokens[context:], rows, reps)
+    model.reset()
+    return seconds
+
+
+def measure_here(model, rows=FIRST_ROWS, reps: int = 3) -> dict[int, float]:
+    """measure() after the request's own context, which stays in the cache: a run that finds it
+    can repay measuring does so between two steps."""
+    start = model.cache.n_past
+    rows = [n for n in rows if start + n <= model.cache.n_ctx] or [1]
+    tokens = np.random.default_rng(2).integers(0, model.hp.n_vocab, max(rows)).tolist()
+    return _rounds(model, start, tokens, rows, reps)
+
+
+def measuring_passes(rows=FIRST_ROWS, reps: int = 3) -> int:
+    """Rows the passes of measure_here() compute, warm-up round included (its cost in 1-row passes, at most)."""
+    return (reps + 1) * sum(rows)
+
+
+def _rounds(model, start: int, tokens: list, rows, reps: int) -> dict[int, float]:
     seconds = {n: float("inf") for n in rows}
     for _ in range(reps + 1):
         for n in rows:
-            model.cache.truncate(context)
+            model.cache.truncate(start)
             t0 = time.perf_counter()
-            model.forward(tokens[context:context + n], all_logits=True)
+            model.forward(tokens[:n], all_logits=True)
             seconds[n] = min(seconds[n], time.perf_counter() - t0)
-    model.reset()
+    model.cache.truncate(start)
     return seconds
 
 
@@ -51,10 +76,10 @@ def _key(model) -> str:
             f"|kernels {spirv_build_id()}|{CURVE_FORMAT}")
 
 
-def verify_costs(model) -> dict[int, float]:
-    """The cached curve for this model, device and cache types, measured now if there is none."""
-    known, key = _load(), _key(model)
-    cached = known.get(key)
+def cached_costs(model) -> dict[int, float] | None:
+    """The cached curve for this model, device and cache types, or None: none yet, or one that
+    must be measured again."""
+    cached = _load().get(_key(model))
     try:
         curve = {int(n): float(s) for n, s in cached.items()} if isinstance(cached, dict) else None
     except (TypeError, ValueError):
@@ -64,10 +89,17 @@ def verify_costs(model) -> dict[int, float]:
     if curve:  # priced by it, a strategy would never draft and so never correct it
         log.warning("the cached verify cost curve has an n-row pass dearer than n 1-row passes "
                     "(timed on a starved machine?): measuring it again")
-    else:
-        log.info("measuring the verify cost curve of this model on this device (once; cached in %s)", _file())
-    curve = measure(model, reps=3)  # best of 4: one noisy pass once gave a 1-row figure 2.4x too high
-    remember(model, curve)
+    return None
+
+
+def verify_costs(model) -> dict[int, float]:
+    """The cached curve, measured now (FIRST_ROWS) if there is none."""
+    curve = cached_costs(model)
+    if curve is None:
+        log.info("measuring the verify cost of %s-row passes of this model on this device (once; cached in %s)",
+                 "/".join(map(str, FIRST_ROWS)), curve_file())
+        curve = measure(model, rows=FIRST_ROWS, context=4, reps=3)  # best of 4: one noisy pass once gave a 1-row figure 2.4x too high
+        remember(model, curve)
     return curve
 
 
@@ -85,19 +117,19 @@ def remember(model, seconds: dict) -> None:
     known = _load()
     known[_key(model)] = {str(n): float(s) for n, s in sorted(seconds.items())}
     try:
-        _file().parent.mkdir(parents=True, exist_ok=True)
-        _file().write_text(json.dumps(known, indent=1))
+        curve_file().parent.mkdir(parents=True, exist_ok=True)
+        curve_file().write_text(json.dumps(known, indent=1))
     except OSError as exc:  # a read-only cache only costs a measurement next time
-        log.warning("could not cache the verify cost curve in %s: %s", _file(), exc)
+        log.warning("could not cache the verify cost curve in %s: %s", curve_file(), exc)
 
 
-def _file() -> Path:
+def curve_file() -> Path:
     return Path(os.environ.get("VKDFLASH_CURVES") or cache_dir() / "verify-curves.json")
 
 
 def _load() -> dict:
     try:
-        known = json.loads(_file().read_text())
+        known = json.loads(curve_file().read_text())
     except (OSError, ValueError):
         return {}
     return known if isinstance(known, dict) else {}

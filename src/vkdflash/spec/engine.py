@@ -19,7 +19,8 @@ import numpy as np
 
 from ..errors import VkdflashError
 from ..kernels.types import get_type
-from .controller import DraftController
+from .controller import UNTIMED, DraftController
+from .curve import FIRST_ROWS, measuring_passes
 from .stats import SpecStats
 from .strategy import Proposal, StrategyContext
 from .verify import verify, verify_greedy
@@ -52,9 +53,12 @@ def target_view(model) -> TargetView:
 
 
 class Speculator:
-    def __init__(self, model, name: str, factory, options, stats: SpecStats, control: DraftController | None = None):
-        """control: chooses each step's draft length (None: always up to --draft-max)."""
-        self.model, self.stats = model, stats
+    def __init__(self, model, name: str, factory, options, stats: SpecStats, control: DraftController | None = None,
+                 measure=None):
+        """control: chooses each step's draft length (None: always up to --draft-max); measure():
+        the verify curve, timed after the request's context, for a control built without one
+        (called when the rest of a run can repay it)."""
+        self.model, self.stats, self.measure = model, stats, measure
         self.control = control or DraftController(options.draft_max, {1: 1.0}, fixed=True)
         self._seen: set = set()  # (asked, drafted) shapes proposed once: a strategy's graphs exist
         self._warned = False
@@ -147,6 +151,8 @@ class Speculator:
             room = min(budget - emitted - 1, cache.n_ctx - pos - 1)
             if pos >= cache.n_ctx:
                 return
+            if self.strategy is not None and self.control.unmeasured and self.measure is not None:
+                self._measure_if_it_pays(room)
             max_n = self.control.choose(room, lambda rows: model.setup_seconds(rows, rows > 1, self.capture, greedy)) \
                 if self.strategy is not None else 0
             t0, kernels = time.perf_counter(), len(model.ctx.pipelines)
@@ -181,6 +187,16 @@ class Speculator:
                 yield t
                 emitted += 1
             last = nxt
+
+    def _measure_if_it_pays(self, room: int) -> None:
+        compile_seconds = sum(self.model.setup_seconds(n, True) for n in FIRST_ROWS)
+        if self.control.measuring_pays(room, compile_seconds, measuring_passes()):
+            t0 = time.perf_counter()
+            self.control.measured(self.measure())
+            log.info("measured the verify cost of %s-row passes in %.1f s: %d tokens left could repay it",
+                     "/".join(map(str, FIRST_ROWS)), time.perf_counter() - t0, room)
+        elif self.control.unmeasured != UNTIMED:
+            self.measure = None  # judged: fewer tokens later save less
 
     def _watch(self) -> None:
         """One warning when live first-draft acceptance falls far below what the draft recorded:

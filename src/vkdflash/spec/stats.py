@@ -55,6 +55,8 @@ class SpecStats:
         d = self.draft_length
         if d:
             text += f"; draft length {d['mode']}: mean k {d['mean_k']:.1f}"
+            if d.get("unmeasured"):
+                text += f", verify cost unmeasured: {d['unmeasured']}"
             if d.get("expected_tps") is not None:
                 text += f", expected {d['expected_tps']:.1f} tok/s vs {d['plain_tps']:.1f} plain"
             if d.get("held_for_setup"):
