@@ -450,3 +450,20 @@ def test_with_no_cached_curve_a_run_measures_it_mid_way_only_where_that_pays(tar
     else:  # the tokens left only shrink, and so does what measuring could save
         assert measured == [] and stats.drafted == 0
         assert "verify cost unmeasured: measuring it (once" in stats.line()
+
+
+def test_the_engines_setup_prices_follow_what_the_model_records(target):
+    """The engine keeps setup prices between steps (choose() asks for every length), and drops
+    them when the model records a graph: what was a compile is then free, and a new width dear."""
+    shared, _ = target
+    model = Model(shared.ctx, shared.mf, n_ctx=128)
+    spec = Speculator(model, "oracle", lambda ctx: Oracle([]), StrategyOptions(draft_max=4), SpecStats())
+    try:
+        model.forward([1, 2, 3])
+        first = spec._setup_seconds(2, True)
+        assert first == model.setup_seconds(2, True, (), True) > 0
+        model.forward([1, 2], all_logits=True, greedy=True)
+        assert spec._setup_seconds(2, True) == 0.0 and spec._setup_seconds(2, False) == model.setup_seconds(2, True)
+    finally:
+        spec.close()
+        model.close()

@@ -61,6 +61,7 @@ class Speculator:
         self.model, self.stats, self.measure = model, stats, measure
         self.control = control or DraftController(options.draft_max, {1: 1.0}, fixed=True)
         self._seen: set = set()  # (asked, drafted) shapes proposed once: a strategy's graphs exist
+        self._setup_key, self._setup_at = None, {}  # setup seconds per verify width (_setup_seconds)
         self._warned = False
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
@@ -153,7 +154,7 @@ class Speculator:
                 return
             if self.strategy is not None and self.control.unmeasured and self.measure is not None:
                 self._measure_if_it_pays(room)
-            max_n = self.control.choose(room, lambda rows: model.setup_seconds(rows, rows > 1, self.capture, greedy)) \
+            max_n = self.control.choose(room, lambda rows: self._setup_seconds(rows, greedy)) \
                 if self.strategy is not None else 0
             t0, kernels = time.perf_counter(), len(model.ctx.pipelines)
             prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
@@ -187,6 +188,18 @@ class Speculator:
                 yield t
                 emitted += 1
             last = nxt
+
+    def _setup_seconds(self, rows: int, greedy: bool) -> float:
+        """model.setup_seconds of a verify pass, kept until the model records a graph: choose()
+        prices every length each step (27 calls a step, ~1% of a lavapipe decode step)."""
+        model = self.model
+        key = (len(model.store.graphs), len(model.graph_seconds), greedy)
+        if key != self._setup_key:
+            self._setup_key, self._setup_at = key, {}
+        seconds = self._setup_at.get(rows)
+        if seconds is None:
+            seconds = self._setup_at[rows] = model.setup_seconds(rows, rows > 1, self.capture, greedy)
+        return seconds
 
     def _measure_if_it_pays(self, room: int) -> None:
         compile_seconds = sum(self.model.setup_seconds(n, True) for n in FIRST_ROWS)
