@@ -306,6 +306,10 @@ def test_a_length_whose_kernels_must_compile_is_drafted_only_where_the_run_repay
     short, long_ = trained(CPU, 0.8), trained(CPU, 0.8)
     assert [short.choose(20, setup) for _ in range(40)] == [0] * 40 and short.summary()["held_for_setup"] == 40
     assert long_.choose(2000, setup) > 0
+    # a request that may end at any token: bought once as many tokens as were generated would repay it
+    early = trained(CPU, 0.8)
+    assert early.choose(2000, setup, done=1) == 0 and early.choose(2000, setup, done=1500) > 0
+    assert early.choose(20, setup, done=1500) == 0  # and no more than are left
     cheap = trained(CPU, 0.8)
     assert cheap.choose(20, lambda rows: 0.0) > 0  # nothing to compile: the choice is the rate's
 
@@ -497,7 +501,7 @@ def test_without_a_curve_it_decodes_plain_until_one_is_measured():
     c.update(0, 0, 0, 0.02, None)
     # E(8) at a_j 0.5 is ~2: 100 tokens at 20 ms save at most ~1 s, measuring costs 3.56 s
     assert not c.measuring_pays(100, 3.0, 28)
-    assert "(once, ~3.6 s) would cost more than the 100 tokens left could save (at most 1.0 s)" in c.unmeasured
+    assert "(once, ~3.6 s) would cost more than 100 tokens could save (at most 1.0 s)" in c.unmeasured
     assert c.measuring_pays(1000, 3.0, 28)  # ~10 s
     assert c.choose(1000) == 0 and c.stop_reason() is None and c.summary()["expected_tps"] is None
     c.finish()  # nothing to persist: no persist callback is even needed

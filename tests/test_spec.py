@@ -442,14 +442,15 @@ def test_with_no_cached_curve_a_run_measures_it_mid_way_only_where_that_pays(tar
     got = list(generate(model, tok, PROMPT, 32, Sampler(temp=0.0), (), Stats(), spec))
     spec.close()
     assert "".join(got) == "".join(generate(model, tok, PROMPT, 32, Sampler(temp=0.0)))
-    # asked at every step until a 1-row pass was timed (the first one compiles), then judged once
-    assert [a[0] for a in control.asked] == [30, 29] and control.asked[0][2] == curve.measuring_passes()
+    # over as many tokens as the request has generated (the first 1-row pass compiles: no figure)
+    assert control.asked[0] == (1, control.asked[0][1], curve.measuring_passes())
     if pays:  # after the prompt and the first generated token
-        assert measured == [len(PROMPT) + 1] and control.unmeasured is None
-        assert stats.drafted > 0 and stats.accepted == stats.drafted
-    else:  # the tokens left only shrink, and so does what measuring could save
-        assert measured == [] and stats.drafted == 0
-        assert "verify cost unmeasured: measuring it (once" in stats.line()
+        assert [a[0] for a in control.asked] == [1, 2] and measured == [len(PROMPT) + 1]
+        assert control.unmeasured is None and stats.drafted > 0 and stats.accepted == stats.drafted
+    else:  # asked again as the tokens generated grow
+        horizons = [a[0] for a in control.asked]  # and the tokens left bound them
+        assert horizons == [min(e, 31 - e) for e in range(1, 31)] and measured == [] and stats.drafted == 0
+        assert "verify cost unmeasured: measuring it (once" in stats.line() and "than 15 tokens" in stats.line()
 
 
 def test_the_engines_setup_prices_follow_what_the_model_records(target):

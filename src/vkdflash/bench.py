@@ -142,7 +142,7 @@ def verify_curve(m, rows=ROWS, context: int = 64, reps: int = 5) -> dict:
 class Sweep(DraftController):
     """Asks for 1, 2, .., k_max drafts in turn: a warm-up that compiles every length's kernels."""
 
-    def choose(self, room: int, setup=None) -> int:
+    def choose(self, room: int, setup=None, done=None) -> int:
         k = min(len(self.chosen) % self.k_max + 1, room)
         self.chosen.append(k)
         return k

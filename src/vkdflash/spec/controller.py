@@ -78,6 +78,7 @@ class DraftController:
         self.k_max, self.fixed, self.probe_every, self.persist = int(k_max), fixed, probe_every, persist
         self.width = width or (lambda rows: rows)
         self.unmeasured = None if verify_seconds is not None or fixed else UNTIMED  # why no curve
+        self._judged = 0  # the most tokens measuring_pays found could not repay measuring
         self.prior = {int(n): float(s) for n, s in (verify_seconds or {1: 1.0}).items()}
         self.timed: dict[int, list[tuple[int, float, bool]]] = {}  # (pass number, seconds, all rows used) per width
         self.log_scale, self.scaled = 0.0, 0  # live / prior, in logs; passes behind it
@@ -110,9 +111,10 @@ class DraftController:
 
     def measuring_pays(self, room: int, compile_seconds: float, passes: int) -> bool:
         """Whether measuring the verify curve now (compiles, then `passes` rows of passes) can be
-        repaid by the `room` tokens left: with free verify passes and drafts at the acceptance
-        the draft expects, they would save room * c_1 * (1 - 1/E(k_max)) at most. A default run
-        of 128 tokens on lavapipe measured ~4 s to save 1-2 s, and took twice plain's time."""
+        repaid by `room` tokens (the horizon choose() weighs compiles over): with free verify
+        passes and drafts at the acceptance the draft expects, they would save
+        room * c_1 * (1 - 1/E(k_max)) at most. A default run of 128 tokens on lavapipe measured
+        ~4 s to save 1-2 s, and took twice plain's time."""
         ones = [s for _, s, _ in self.timed.get(self.width(1), [])]
         if not ones:
             return False  # the first pass compiled: no 1-row cost yet
@@ -121,8 +123,9 @@ class DraftController:
             reach *= a
             tokens += reach
         most, cost = room * c_1 * (1.0 - 1.0 / tokens), compile_seconds + passes * c_1
-        if most <= cost and self.unmeasured == UNTIMED:  # the first judgement, when most tokens were left
-            self.unmeasured = (f"measuring it (once, ~{cost:.1f} s) would cost more than the {room} tokens left "
+        if most <= cost and room >= self._judged:  # the judgement over the most tokens says why
+            self._judged = room
+            self.unmeasured = (f"measuring it (once, ~{cost:.1f} s) would cost more than {room} tokens "
                                f"could save (at most {most:.1f} s)")
         return most > cost
 
@@ -258,11 +261,16 @@ class DraftController:
         self.overhead = float(median(self.overheads))
 
     # -- deciding and learning -------------------------------------------------------
-    def choose(self, room: int, setup=None) -> int:
+    def choose(self, room: int, setup=None, done: int | None = None) -> int:
         """k for the next step, at most `room` (the tokens left to generate). setup(rows): seconds
         a first pass of that many rows costs before it runs (kernel compiles: ~1.6 s for a new
-        batch width on lavapipe, more than a short run can earn back), paid only where the rest
-        of the run repays it."""
+        batch width on lavapipe, more than a short run can earn back), paid only where the
+        `horizon` repays it: the tokens left, or where the request has generated `done` tokens,
+        no more than that (a run may end at any token: chat answers to -n 512 ended after 7, 38
+        and 138 tokens, and compiles bought at their start had made them 1.6-1.8x slower than
+        plain decoding; weighed over the tokens so far, a compile is bought once the rent paid
+        without it would have bought it, so a run that ends then pays at most twice the best)."""
+        horizon = room if done is None else max(1, min(room, done))
         limit = min(self.k_max, room)
         if limit <= 0 or self.unmeasured:
             self.idle += 1
@@ -274,12 +282,12 @@ class DraftController:
             setup = setup or (lambda rows: 0.0)
 
             def affordable(j: int) -> bool:  # no dearer than its pass, or small next to what is left
-                return setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * room * self.c_verify(1))
+                return setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * horizon * self.c_verify(1))
 
             # plain decoding's own pass is compiled sooner or later whatever this step drafts: in a
             # cold process pricing it here made the first step draft (a 2-row compile, ~1.6 s)
             rates = self.rates(limit)
-            k = min(range(limit + 1), key=lambda j: room / rates[j] + (setup(j + 1) if j else 0.0))
+            k = min(range(limit + 1), key=lambda j: horizon / rates[j] + (setup(j + 1) if j else 0.0))
             self.held += k < _argmax(rates)
             reach = min(limit, 2 * self.full + 1)
             if self.full and reach > k and self.width(reach + 1) not in self.live and affordable(reach):

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import VkdflashError
 from ..kernels.types import get_type
-from .controller import UNTIMED, DraftController
+from .controller import DraftController
 from .curve import FIRST_ROWS, measuring_passes
 from .stats import SpecStats
 from .strategy import Proposal, StrategyContext
@@ -152,9 +152,9 @@ class Speculator:
             room = min(budget - emitted - 1, cache.n_ctx - pos - 1)
             if pos >= cache.n_ctx:
                 return
-            if self.strategy is not None and self.control.unmeasured and self.measure is not None:
-                self._measure_if_it_pays(room)
-            max_n = self.control.choose(room, lambda rows: self._setup_seconds(rows, greedy)) \
+            if self.strategy is not None and self.control.unmeasured and self.measure is not None and room > 0:
+                self._measure_if_it_pays(min(room, emitted))
+            max_n = self.control.choose(room, lambda rows: self._setup_seconds(rows, greedy), emitted) \
                 if self.strategy is not None else 0
             t0, kernels = time.perf_counter(), len(model.ctx.pipelines)
             prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
@@ -201,15 +201,15 @@ class Speculator:
             seconds = self._setup_at[rows] = model.setup_seconds(rows, rows > 1, self.capture, greedy)
         return seconds
 
-    def _measure_if_it_pays(self, room: int) -> None:
+    def _measure_if_it_pays(self, horizon: int) -> None:
+        """Measure the verify curve once `horizon` tokens (as many as the request has generated,
+        at most what is left) could repay it, as choose() weighs compiles."""
         compile_seconds = sum(self.model.setup_seconds(n, True) for n in FIRST_ROWS)
-        if self.control.measuring_pays(room, compile_seconds, measuring_passes()):
+        if self.control.measuring_pays(horizon, compile_seconds, measuring_passes()):
             t0 = time.perf_counter()
             self.control.measured(self.measure())
-            log.info("measured the verify cost of %s-row passes in %.1f s: %d tokens left could repay it",
-                     "/".join(map(str, FIRST_ROWS)), time.perf_counter() - t0, room)
-        elif self.control.unmeasured != UNTIMED:
-            self.measure = None  # judged: fewer tokens later save less
+            log.info("measured the verify cost of %s-row passes in %.1f s after %d tokens: as many more would repay it",
+                     "/".join(map(str, FIRST_ROWS)), time.perf_counter() - t0, horizon)
 
     def _watch(self) -> None:
         """One warning when live first-draft acceptance falls far below what the draft recorded:
