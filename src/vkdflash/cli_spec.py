@@ -133,9 +133,9 @@ def spec_options(f):
 
 def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats, lazy_curve: bool = False):
     """A Speculator for strategy `name` (from request.resolve()), or None for plain decoding.
-    lazy_curve: with no verify curve cached, measure it only once the rest of the run can repay
-    that (speculation on by default must not make a short run slower than plain decoding); else
-    before the first token."""
+    lazy_curve: with no verify curve cached, measure it only once as many tokens as the request
+    has generated could repay that (speculation on by default must not make a short run slower
+    than plain decoding); else before the first token."""
     if name == "none":
         return None
     from .plugins import lookup
@@ -152,8 +152,8 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
     else:
         curve = cached_costs(model) if lazy_curve else verify_costs(model)
         if curve is None:
-            log.info("no verify cost curve cached for this model on this device (%s): measured once a run's "
-                     "remaining tokens can repay it; until then plain decoding", curve_file())
+            log.info("no verify cost curve cached for this model on this device (%s): measured once as many "
+                     "tokens as a request has generated could repay it; until then plain decoding", curve_file())
 
             def measure():
                 measured = measure_here(model)

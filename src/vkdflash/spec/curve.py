@@ -98,7 +98,8 @@ def verify_costs(model) -> dict[int, float]:
     if curve is None:
         log.info("measuring the verify cost of %s-row passes of this model on this device (once; cached in %s)",
                  "/".join(map(str, FIRST_ROWS)), curve_file())
-        curve = measure(model, rows=FIRST_ROWS, context=4, reps=3)  # best of 4: one noisy pass once gave a 1-row figure 2.4x too high
+        # best of 4: one noisy pass once gave a 1-row figure 2.4x too high
+        curve = measure(model, rows=FIRST_ROWS, context=4, reps=3)
         remember(model, curve)
     return curve
 
