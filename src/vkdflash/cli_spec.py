@@ -154,11 +154,7 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
         if curve is None:
             log.info("no verify cost curve cached for this model on this device (%s): measured once as many "
                      "tokens as a request has generated could repay it; until then plain decoding", curve_file())
-
-            def measure():
-                measured = measure_here(model)
-                remember(model, measured)
-                return measured
+            measure = functools.partial(measure_here, model, cache=True)
         control = DraftController(request.draft_max, curve, persist=lambda curve: remember(model, curve),
                                   width=model.pass_width)
     spec = Speculator(model, name, lookup(name).factory, options, stats, control, measure)

@@ -42,13 +42,16 @@ def measure(model, rows=ROWS, context: int = 64, reps: int = 3) -> dict[int, flo
     return seconds
 
 
-def measure_here(model, rows=FIRST_ROWS, reps: int = 3) -> dict[int, float]:
+def measure_here(model, rows=FIRST_ROWS, reps: int = 3, cache: bool = False) -> dict[int, float]:
     """measure() after the request's own context, which stays in the cache: a run that finds it
-    can repay measuring does so between two steps."""
+    can repay measuring does so between two steps (`cache`: and keeps what it measured)."""
     start = model.cache.n_past
     rows = [n for n in rows if start + n <= model.cache.n_ctx] or [1]
     tokens = np.random.default_rng(2).integers(0, model.hp.n_vocab, max(rows)).tolist()
-    return _rounds(model, start, tokens, rows, reps)
+    seconds = _rounds(model, start, tokens, rows, reps)
+    if cache:
+        remember(model, seconds)
+    return seconds
 
 
 def measuring_passes(rows=FIRST_ROWS, reps: int = 3) -> int:
