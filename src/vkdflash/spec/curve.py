@@ -60,14 +60,17 @@ def measuring_passes(rows=FIRST_ROWS, reps: int = 3) -> int:
 
 
 def _rounds(model, start: int, tokens: list, rows, reps: int) -> dict[int, float]:
+    """Best seconds per width of passes at position `start`; the cache ends there, whatever happens."""
     seconds = {n: float("inf") for n in rows}
-    for _ in range(reps + 1):
-        for n in rows:
-            model.cache.truncate(start)
-            t0 = time.perf_counter()
-            model.forward(tokens[:n], all_logits=True)
-            seconds[n] = min(seconds[n], time.perf_counter() - t0)
-    model.cache.truncate(start)
+    try:
+        for _ in range(reps + 1):
+            for n in rows:
+                model.cache.truncate(start)
+                t0 = time.perf_counter()
+                model.forward(tokens[:n], all_logits=True)
+                seconds[n] = min(seconds[n], time.perf_counter() - t0)
+    finally:
+        model.cache.truncate(start)
     return seconds
 
 
