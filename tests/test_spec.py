@@ -468,3 +468,29 @@ def test_the_engines_setup_prices_follow_what_the_model_records(target):
     finally:
         spec.close()
         model.close()
+
+
+@pytest.mark.parametrize("ctype", ["q8_0", "q4_0"])
+def test_a_mid_run_measurement_leaves_a_rotated_quantized_cache_as_it_was(target, ctype):
+    """The measuring passes write K/V past the request's context (through the one write path,
+    rotated and quantized) and are rolled back: greedy output stays plain decoding's."""
+    from vkdflash.spec import curve
+    from vkdflash.spec.controller import DraftController
+    shared, tok = target
+    model = Model(shared.ctx, shared.mf, n_ctx=128, ctk=ctype, ctv=ctype)
+    try:
+        assert model.cache.k_rot and model.cache.v_rot
+        plain = "".join(generate(model, tok, PROMPT, 24, Sampler(temp=0.0)))
+        measured = []
+
+        class Pays(DraftController):
+            def measuring_pays(self, room, compile_seconds, passes):
+                return bool(self.timed)
+        reference, _ = run(model, tok, n=24)
+        spec = Speculator(model, "oracle", lambda ctx: Oracle(reference), StrategyOptions(draft_max=4), SpecStats(),
+                          Pays(4, None), measure=lambda: measured.append(1) or curve.measure_here(model))
+        got = "".join(generate(model, tok, PROMPT, 24, Sampler(temp=0.0), (), Stats(), spec))
+        spec.close()
+        assert measured == [1] and got == plain
+    finally:
+        model.close()
