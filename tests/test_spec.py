@@ -461,10 +461,11 @@ def test_the_engines_setup_prices_follow_what_the_model_records(target):
     spec = Speculator(model, "oracle", lambda ctx: Oracle([]), StrategyOptions(draft_max=4), SpecStats())
     try:
         model.forward([1, 2, 3])
-        first = spec._setup_seconds(2, True)
+        first = spec._setup_seconds(2, True, (), True)
         assert first == model.setup_seconds(2, True, (), True) > 0
         model.forward([1, 2], all_logits=True, greedy=True)
-        assert spec._setup_seconds(2, True) == 0.0 and spec._setup_seconds(2, False) == model.setup_seconds(2, True)
+        assert spec._setup_seconds(2, True, (), True) == 0.0
+        assert spec._setup_seconds(2, True) == model.setup_seconds(2, True)
     finally:
         spec.close()
         model.close()

@@ -118,10 +118,7 @@ class DraftController:
         ones = [s for _, s, _ in self.timed.get(self.width(1), [])]
         if not ones:
             return False  # the first pass compiled: no 1-row cost yet
-        c_1, limit, reach, tokens = median(ones), min(self.k_max, room), 1.0, 1.0
-        for a in self.acceptance()[:limit].tolist():
-            reach *= a
-            tokens += reach
+        c_1, tokens = median(ones), self.expected_tokens(min(self.k_max, room))[-1]
         most, cost = room * c_1 * (1.0 - 1.0 / tokens), compile_seconds + passes * c_1
         if most <= cost and room >= self._judged:  # the judgement over the most tokens says why
             self._judged = room
@@ -195,15 +192,20 @@ class DraftController:
             cost = self._draft_at[k] = _interp(self._rising, k)
         return cost
 
-    def rates(self, limit: int, counts=None) -> list[float]:
-        """Committed tokens per second with k = 0..limit drafts (plain Python: the controller runs
+    def expected_tokens(self, limit: int, counts=None) -> list[float]:
+        """E(k), tokens a step commits with k = 0..limit drafts (plain Python: the controller runs
         every step, and numpy's per-call cost on these few values was 2% of a lavapipe decode step)."""
         tokens, reach, expected = [1.0], 1.0, 0.0
         for a in self.acceptance(counts)[:limit].tolist():
             reach *= a
             expected += reach
             tokens.append(1.0 + expected)
-        return [t / (self.c_verify(k + 1) + self.c_draft(k) + self.overhead) for k, t in enumerate(tokens)]
+        return tokens
+
+    def rates(self, limit: int, counts=None) -> list[float]:
+        """Committed tokens per second with k = 0..limit drafts."""
+        return [t / (self.c_verify(k + 1) + self.c_draft(k) + self.overhead)
+                for k, t in enumerate(self.expected_tokens(limit, counts))]
 
     def expected_rate(self, k: int) -> float:
         return self.rates(k)[k]
@@ -272,12 +274,12 @@ class DraftController:
         without it would have bought it, so a run that ends then pays at most twice the best)."""
         horizon = room if done is None else max(1, min(room, done))
         limit = min(self.k_max, room)
-        if limit <= 0 or self.unmeasured:
-            self.idle += 1
-            self.chosen.append(0)
+        if limit <= 0:
             return 0
         if self.fixed:
             k = limit
+        elif self.unmeasured:
+            k = 0  # plain until a curve is measured
         else:
             setup = setup or (lambda rows: 0.0)
 

@@ -61,7 +61,7 @@ class Speculator:
         self.model, self.stats, self.measure = model, stats, measure
         self.control = control or DraftController(options.draft_max, {1: 1.0}, fixed=True)
         self._seen: set = set()  # (asked, drafted) shapes proposed once: a strategy's graphs exist
-        self._setup_key, self._setup_at = None, {}  # setup seconds per verify width (_setup_seconds)
+        self._setup_key, self._setup_at = None, {}  # setup seconds per pass shape (_setup_seconds)
         self._warned = False
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
@@ -154,7 +154,8 @@ class Speculator:
                 return
             if self.strategy is not None and self.control.unmeasured and self.measure is not None and room > 0:
                 self._measure_if_it_pays(min(room, emitted))
-            max_n = self.control.choose(room, lambda rows: self._setup_seconds(rows, greedy), emitted) \
+            max_n = self.control.choose(room, lambda rows: self._setup_seconds(rows, rows > 1, self.capture, greedy),
+                                        emitted) \
                 if self.strategy is not None else 0
             t0, kernels = time.perf_counter(), len(model.ctx.pipelines)
             prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
@@ -189,22 +190,22 @@ class Speculator:
                 emitted += 1
             last = nxt
 
-    def _setup_seconds(self, rows: int, greedy: bool) -> float:
-        """model.setup_seconds of a verify pass, kept until the model records a graph: choose()
-        prices every length each step (27 calls a step, ~1% of a lavapipe decode step)."""
+    def _setup_seconds(self, *shape) -> float:
+        """model.setup_seconds(*shape), kept until the model records a graph: choose() prices
+        every length each step (27 calls a step, ~1% of a lavapipe decode step)."""
         model = self.model
-        key = (len(model.store.graphs), len(model.graph_seconds), greedy)
+        key = (len(model.store.graphs), len(model.graph_seconds))
         if key != self._setup_key:
             self._setup_key, self._setup_at = key, {}
-        seconds = self._setup_at.get(rows)
+        seconds = self._setup_at.get(shape)
         if seconds is None:
-            seconds = self._setup_at[rows] = model.setup_seconds(rows, rows > 1, self.capture, greedy)
+            seconds = self._setup_at[shape] = model.setup_seconds(*shape)
         return seconds
 
     def _measure_if_it_pays(self, horizon: int) -> None:
         """Measure the verify curve once `horizon` tokens (as many as the request has generated,
         at most what is left) could repay it, as choose() weighs compiles."""
-        compile_seconds = sum(self.model.setup_seconds(n, True) for n in FIRST_ROWS)
+        compile_seconds = sum(self._setup_seconds(n, True) for n in FIRST_ROWS)
         if self.control.measuring_pays(horizon, compile_seconds, measuring_passes()):
             t0 = time.perf_counter()
             self.control.measured(self.measure())
