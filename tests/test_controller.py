@@ -507,3 +507,36 @@ def test_without_a_curve_it_decodes_plain_until_one_is_measured():
     c.finish()  # nothing to persist: no persist callback is even needed
     c.measured({1: 0.02, 2: 0.021, 4: 0.023})
     assert c.unmeasured is None and c.choose(1000) > 0 and c.summary()["expected_tps"] > c.summary()["plain_tps"]
+
+
+def test_measuring_an_unknown_curve_is_bounded_by_the_kernels_guess():
+    """Priced as free passes, 500 tokens at a_1 0.52 could save ~45% and a 1000-token default run
+    measured at its 236th token and lost 20%; at lavapipe's slot model (2 rows 1.2x, 3 rows 1.4x)
+    the best length saves ~22%, so a measurement of ~2.7 s waits for ~500 tokens."""
+    def pays(room: int, guess=None) -> bool:
+        c = DraftController(16, None, guess=guess)
+        c.expect(0.52)
+        c.update(0, 0, 0, 0.025, None)
+        return c.measuring_pays(room, 2.2, 21)
+
+    slots = {1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6}
+    lavapipe = lambda rows: slots.get(rows, 0.8 + 0.2 * rows)  # noqa: E731
+    assert pays(300) and not pays(300, lavapipe) and not pays(450, lavapipe) and pays(600, lavapipe)
+
+
+def test_cost_rules_wait_for_a_few_timed_drafts():
+    """A 1000-token default MTP run measured its curve at the 261st token (2 rows at 1.42x, a noisy
+    spell), drafted 4 times and was switched off on its one timed draft, 8.3 ms where drafts take
+    ~3: k 1 paid 1.15x plain there. One timing prices nothing; three of them at that cost do."""
+    c = DraftController(16, None)
+    c.expect(0.52)
+    for _ in range(257):
+        c.update(0, 0, 0, 0.0216, None)
+    c.measured({1: 0.0216, 2: 0.0306, 4: 0.0484})
+    for i, (accepted, draft) in enumerate([(1, None), (1, None), (0, 0.0083), (0, None)]):
+        c.update(1, 1, accepted, 0.0298 if i % 2 else None, draft)
+    assert c.stop_reason() is None
+    for _ in range(2):
+        c.update(1, 1, 1, 0.0298, 0.0083)
+        c.update(1, 1, 0, 0.0298, 0.0083)
+    assert "costs more than it saves" in (c.stop_reason() or "")

@@ -288,6 +288,18 @@ def test_slot_counts_cost_least():
     assert [nj_for(n, gpu) for n in (1, 2, 3, 5, 9, 64)] == [1, 2, 4, 8, 8, 8]
 
 
+def test_a_passs_guessed_cost_follows_its_slot_groups():
+    """slot_cost: groups x (SLOT_DECODE + s) in 1-row passes where slot sizes are chosen by cost
+    (9 rows run one 12-slot group, 17 three of 6); unmodelled devices price every pass as one row."""
+    from vkdflash.kernels.matmul import SLOT_DECODE, slot_cost
+    cpu, gpu = MatmulConfig(16, 1, 16, 2, slot_sizes=(3, 6, 12)), MatmulConfig(64, 32, 8, 0)
+    one = SLOT_DECODE + 1
+    assert [slot_cost(n, cpu) for n in (1, 2, 4, 9, 16, 17)] == \
+        [1.0, (SLOT_DECODE + 2) / one, (SLOT_DECODE + 4) / one, (SLOT_DECODE + 12) / one, (SLOT_DECODE + 16) / one,
+         3 * (SLOT_DECODE + 6) / one]
+    assert {slot_cost(n, gpu) for n in (1, 2, 9, 64)} == {1.0}
+
+
 def test_default_config(ctx):
     cfg = config_for(ctx.features)
     assert cfg.workgroup % cfg.split == 0 and cfg.split <= ctx.features.subgroup_size

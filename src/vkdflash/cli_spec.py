@@ -156,7 +156,7 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
                      "tokens as a request has generated could repay it; until then plain decoding", curve_file())
             measure = functools.partial(measure_here, model, cache=True)
         control = DraftController(request.draft_max, curve, persist=lambda curve: remember(model, curve),
-                                  width=model.pass_width)
+                                  width=model.pass_width, guess=model.pass_cost_guess)
     spec = Speculator(model, name, lookup(name).factory, options, stats, control, measure)
     if spec.strategy is None:  # the factory itself failed: that is the user's error, say it once
         raise VkdflashError(f"strategy {name} could not start: {stats.disabled}")

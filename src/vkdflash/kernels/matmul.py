@@ -96,6 +96,17 @@ def nj_for(n: int, cfg: MatmulConfig) -> int:
     return min(sizes, key=lambda s: (-(-n // s) * (SLOT_DECODE + s), s != pow2))
 
 
+def slot_cost(n: int, cfg: MatmulConfig) -> float:
+    """What the kernels' model says an n-row pass costs in 1-row passes, before any is timed: where
+    slot groups are sized by cost (CPU devices) each group of s slots costs SLOT_DECODE + s slots'
+    worth (SmolLM2 on lavapipe: 1.2 / 1.6 / 2.4 / 4.0 at 2 / 4 / 8 / 16 rows, measured 1.15-1.18 /
+    1.57-1.71 / 2.2-2.3 / 3.6-3.7); elsewhere 1 (unmodelled: a GPU's few-row pass is near free)."""
+    if n <= 1 or not cfg.slot_sizes:
+        return 1.0
+    s = nj_for(n, cfg)
+    return -(-n // s) * (SLOT_DECODE + s) / (SLOT_DECODE + 1)
+
+
 def _check_view(view, nbytes: int, what: str):
     view = as_view(view)
     if view.size < nbytes:

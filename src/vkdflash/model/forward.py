@@ -19,7 +19,7 @@ from ..kernels.attention import MAX_HEAD_DIM
 from ..kernels.blocks import dequantize
 from ..kernels.copy import copy
 from ..kernels.embed import get_rows
-from ..kernels.matmul import config_for, matmul, nj_for
+from ..kernels.matmul import config_for, matmul, nj_for, slot_cost
 from ..kernels.norm import rms_norm
 from ..kernels.softmax import FLAG_NONFINITE, argmax
 from ..kernels.weights import Weight
@@ -176,6 +176,10 @@ class Model:
         that of the next multiple (lavapipe: 7..8 rows cost like 8, 9..12 like 12)."""
         nj = nj_for(n, self.matmul_config)
         return -(-n // nj) * nj
+
+    def pass_cost_guess(self, n: int) -> float:
+        """An n-row pass in 1-row passes as the kernels' model guesses it (kernels.matmul.slot_cost)."""
+        return slot_cost(n, self.matmul_config)
 
     def _family(self, n: int, all_logits: bool):
         """Passes of one family share every kernel (matmuls specialize on the batch width)."""

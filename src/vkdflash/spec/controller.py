@@ -26,8 +26,9 @@ what is left, so a short run stays plain where a long one drafts; probes take a 
 
 Keeping a strategy's state (its commit: MTP runs its head over each committed token) costs
 every step whatever k, so T(k) includes that overhead (the median of recent commits: a first
-commit of a shape compiles); once the evidence (STOP_STEPS timed steps) says the best k with
-the strategy is below STOP_RATIO of plain decoding without it, or the best is k = 0 while its
+commit of a shape compiles); once the evidence (STOP_STEPS timed steps; where its drafts' cost
+decides, SHAPE_PASSES timed proposals) says the best k with the strategy is below STOP_RATIO of
+plain decoding without it, or the best is k = 0 while its
 upkeep is more than UPKEEP_SHARE of a step, or none of its drafts was accepted where a draft as
 good as its a_1 prior would have had one accepted (STOP_CHANCE: the shipped MTP head, a_1 0.35,
 had none of its first 5 accepted on bench spec's prompt and was switched off at 4), or the
@@ -70,13 +71,15 @@ UNTIMED = "no 1-row pass was timed before the run ended"  # why a run with no ca
 
 class DraftController:
     def __init__(self, k_max: int, verify_seconds: dict, fixed: bool = False, probe_every: int = 8,
-                 persist=None, width=None):
+                 persist=None, width=None, guess=None):
         """verify_seconds: the prior curve {rows: seconds}, or None where none is cached yet (every
         step is then plain until `measured` gives one); persist: called with the learned curve
         when the run ends (finish); width(rows): the rows a pass of that many computes (the target's
-        matmuls run whole batch slots: on lavapipe 7..8 rows cost like 8, 9..12 like 12)."""
+        matmuls run whole batch slots: on lavapipe 7..8 rows cost like 8, 9..12 like 12);
+        guess(rows): what the kernels' model says such a pass costs in 1-row passes (bounds what
+        measuring an unknown curve could save; else every pass is priced as one row)."""
         self.k_max, self.fixed, self.probe_every, self.persist = int(k_max), fixed, probe_every, persist
-        self.width = width or (lambda rows: rows)
+        self.width, self.guess = width or (lambda rows: rows), guess or (lambda rows: 1.0)
         self.unmeasured = None if verify_seconds is not None or fixed else UNTIMED  # why no curve
         self._judged = 0  # the most tokens measuring_pays found could not repay measuring
         self.prior = {int(n): float(s) for n, s in (verify_seconds or {1: 1.0}).items()}
@@ -111,15 +114,17 @@ class DraftController:
 
     def measuring_pays(self, room: int, compile_seconds: float, passes: int) -> bool:
         """Whether measuring the verify curve now (compiles, then `passes` rows of passes) can be
-        repaid by `room` tokens (the horizon choose() weighs compiles over): with free verify
-        passes and drafts at the acceptance the draft expects, they would save
-        room * c_1 * (1 - 1/E(k_max)) at most. A default run of 128 tokens on lavapipe measured
-        ~4 s to save 1-2 s, and took twice plain's time."""
+        repaid by `room` tokens (the horizon choose() weighs compiles over): with passes at the
+        kernels' guess, free drafts at the acceptance the draft expects, they would save
+        room * c_1 * (1 - min_k guess(k + 1) / E(k)) at most. A default run of 128 tokens on
+        lavapipe measured ~4 s to save 1-2 s, and took twice plain's time; priced as free passes,
+        a 1000-token one measured at its 261st token and bought compiles it could not repay."""
         ones = [s for _, s, _ in self.timed.get(self.width(1), [])]
         if not ones:
             return False  # the first pass compiled: no 1-row cost yet
-        c_1, tokens = median(ones), self.expected_tokens(min(self.k_max, room))[-1]
-        most, cost = room * c_1 * (1.0 - 1.0 / tokens), compile_seconds + passes * c_1
+        c_1, tokens = median(ones), self.expected_tokens(min(self.k_max, room))
+        share = min(self.guess(k + 1) / e for k, e in enumerate(tokens))
+        most, cost = room * c_1 * max(0.0, 1.0 - share), compile_seconds + passes * c_1
         if most <= cost and room >= self._judged:  # the judgement over the most tokens says why
             self._judged = room
             self.unmeasured = (f"measuring it (once, ~{cost:.1f} s) would cost more than {room} tokens "
@@ -223,6 +228,11 @@ class DraftController:
             # its upkeep (captures, commits) is then pure cost, and hidden in the live curve
             return (f"none of its {self.total[0]} drafts was accepted in {self.scaled} steps; --draft-fixed "
                     "keeps it on")
+        if sum(map(len, self.draft.values())) < SHAPE_PASSES:
+            # its rate rests on what a draft costs: one timing is noise (the shipped MTP head's
+            # first timed draft, 8.3 ms where they take ~3, switched it off after a mid-run
+            # measurement at a 1000-token request's 261st token, where k 1 pays 1.15x plain)
+            return None
         # judged on the whole run's acceptance: the decayed one follows the text, and one unlucky
         # stretch would switch off a strategy that pays
         rates = self.rates(self.k_max, self.run_counts)
