@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vkdflash.spec.controller import PERSIST_PASSES, DraftController, _interp
+from vkdflash.spec.controller import DraftController
+from vkdflash.spec.costs import PERSIST_PASSES, _interp
 
 GPU = {n: 0.010 + 0.0002 * n for n in (1, 2, 4, 8, 16, 32)}          # verify nearly free
 CPU = {1: 0.066, 2: 0.080, 4: 0.101, 8: 0.150, 16: 0.250, 32: 0.460}   # lavapipe-like, n=16 ~3.8x
@@ -77,9 +78,9 @@ def test_fewer_rows_never_cost_more():
     for _ in range(30):  # 4-row passes turn out fast: the 1- and 2-row costs follow them down
         c.update(3, 3, 0, 0.030, 0.006)
     assert c.c_verify(1) <= c.c_verify(2) <= c.c_verify(4) == pytest.approx(0.030)
-    before, a1 = (dict(c.verify), dict(c.draft)), c.acceptance()[0]
+    before, a1 = (dict(c.costs.verify), dict(c.draft)), c.acceptance()[0]
     c.update(15, 15, 3, None, None)  # an untypical (first, compiling) pass: learn acceptance only
-    assert (c.verify, c.draft) == before and c.acceptance()[0] > a1
+    assert (c.costs.verify, c.draft) == before and c.acceptance()[0] > a1
 
 
 def test_a_width_is_priced_by_its_own_passes_only_once_it_has_a_few():
@@ -472,7 +473,8 @@ def test_how_many_misses_switch_a_draft_off_follows_what_it_expects():
 def test_the_controllers_arithmetic_is_numpys():
     """_lerp and _argmax replace np.interp and np.argmax per step (their call cost was 2% of a
     lavapipe decode step): the same bits and the same index, so no choice moves."""
-    from vkdflash.spec.controller import _argmax, _lerp
+    from vkdflash.spec.controller import _argmax
+    from vkdflash.spec.costs import _lerp
     rng = np.random.default_rng(3)
     for _ in range(200):
         xs = np.sort(rng.choice(np.arange(1, 80), size=int(rng.integers(2, 8)), replace=False)).astype(float)

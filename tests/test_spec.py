@@ -429,7 +429,7 @@ def test_with_no_cached_curve_a_run_measures_it_mid_way_only_where_that_pays(tar
         def measuring_pays(self, room, compile_seconds, passes):
             self.asked.append((room, compile_seconds, passes))
             verdict = super().measuring_pays(room, compile_seconds, passes)  # this tiny model's: never
-            return bool(self.timed) if pays else verdict
+            return bool(self.costs.timed) if pays else verdict
 
     model, tok = target
     reference, _ = run(model, tok, n=32)
@@ -486,7 +486,7 @@ def test_a_mid_run_measurement_leaves_a_rotated_quantized_cache_as_it_was(target
 
         class Pays(DraftController):
             def measuring_pays(self, room, compile_seconds, passes):
-                return bool(self.timed)
+                return bool(self.costs.timed)
         reference, _ = run(model, tok, n=24)
         spec = Speculator(model, "oracle", lambda ctx: Oracle(reference), StrategyOptions(draft_max=4), SpecStats(),
                           Pays(4, None), measure=lambda: measured.append(1) or curve.measure_here(model))

@@ -178,7 +178,8 @@ def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator, reps: in
                 m.forward([ids[0]] * n, all_logits=n > 1, capture=speculator.capture, greedy=greedy)
             m.reset()
             persist = getattr(speculator.control, "persist", None)
-            speculator.control = Sweep(k_max, speculator.control.prior, persist=persist, width=speculator.control.width)
+            costs = speculator.control.costs
+            speculator.control = Sweep(k_max, costs.prior, persist=persist, width=costs.width)
         for _ in generate(m, tokenizer, ids, n_gen, Sampler(temp=temp, seed=seed + pair), (), stats, speculator):
             pass
         if speculator is not None:

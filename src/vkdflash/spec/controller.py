@@ -10,15 +10,9 @@ the draft measured on its own suite where it knows (`expect`), else 0.5: the shi
 draft (a_1 0.25) then starts plain on lavapipe instead of drafting 3 steps to learn it.
 c_draft(k): seconds of a proposal of up to k tokens (the median of the recent ones per k;
 unseen k interpolated, 0 before the first).
-c_verify(n): seconds of an n-row target pass, priced at the batch width it computes (lavapipe's
-matmuls run whole slot groups: 9 rows cost what 12 do). It starts from the cached curve (the prior)
-and learns from every timed verify pass: a width timed a few times lately costs the median of
-those passes; the others keep the prior's shape, scaled as the priced widths nearest them (a
-curve cached while the machine was busy once made 16 rows look 2.6x dearer than they were, so
-ngram drafted ~1 token a step at 1.6x instead of ~9 at 2.6x). The prior's shape can be wrong
-too, so after a step whose drafts were all accepted it tries a length of 2k + 1 it has not
-priced. What it learned of the widths it timed often goes back to the cache when the run ends
-(`persist`).
+c_verify(n): seconds of an n-row target pass, learned from the cached curve and live passes
+(costs.VerifyCosts). The prior's shape can be wrong, so after a step whose drafts were all
+accepted it tries a length of 2k + 1 it has not priced.
 
 A length whose first pass must compile kernels first (setup: lavapipe takes ~1.6 s for a new
 batch width, more than a 128-token run saves) counts its setup against the time to generate
@@ -45,15 +39,12 @@ nothing accepted doubles the wait (up to MAX_PROBE_WAIT), so a draft that is nev
 next to nothing."""
 from __future__ import annotations
 
-import math
-from bisect import bisect_right
 from statistics import median
 
 import numpy as np
 
-from .curve import plausible
+from .costs import DECAY, KEEP_PASSES, SHAPE_PASSES, VerifyCosts, _interp
 
-DECAY = 0.9        # weight of the past in the acceptance counts and the scale, per update
 PRIOR = 2.0        # pseudo-counts behind a_j's prior: a_{j-1} (for a_1: the draft's record, or 0.5)
 MAX_PROBE_WAIT = 128
 STOP_STEPS = 16    # timed steps before judging whether the strategy pays
@@ -61,11 +52,6 @@ STOP_RATIO = 0.97  # below this share of plain decoding's rate, it does not
 STOP_DRAFTS = 4    # ... nor when none of this many drafts was accepted (at least; see stop_drafts)
 STOP_CHANCE = 0.02  # ... where a draft with the a_1 prior gets none of them accepted this rarely
 UPKEEP_SHARE = 0.01  # ... nor when no k pays and keeping its state costs more than this share of a step
-MAX_SCALE_STEP = float(np.log(4.0))  # most one pass can pull the prior's scale (times its weight)
-SHAPE_PASSES = 3    # recent passes of a width before their median prices it (before: the scaled prior)
-KEEP_PASSES = 15    # timings kept per width (and per draft length)
-WINDOW = 32         # passes a timing counts as recent: widths are priced from one spell of the machine
-PERSIST_PASSES = 8  # passes of a width before the cache learns its cost (one is noise)
 UNTIMED = "no 1-row pass was timed before the run ended"  # why a run with no cached curve measured none
 
 
@@ -79,13 +65,10 @@ class DraftController:
         guess(rows): what the kernels' model says such a pass costs in 1-row passes (bounds what
         measuring an unknown curve could save; else every pass is priced as one row)."""
         self.k_max, self.fixed, self.probe_every, self.persist = int(k_max), fixed, probe_every, persist
-        self.width, self.guess = width or (lambda rows: rows), guess or (lambda rows: 1.0)
+        self.guess = guess or (lambda rows: 1.0)
         self.unmeasured = None if verify_seconds is not None or fixed else UNTIMED  # why no curve
         self._judged = 0  # the most tokens measuring_pays found could not repay measuring
-        self.prior = {int(n): float(s) for n, s in (verify_seconds or {1: 1.0}).items()}
-        self.timed: dict[int, list[tuple[int, float, bool]]] = {}  # (pass number, seconds, all rows used) per width
-        self.log_scale, self.scaled = 0.0, 0  # live / prior, in logs; passes behind it
-        self.verify, self._verify_at = self._curve(), {}  # the curve, and c_verify's prices from it
+        self.costs = VerifyCosts(verify_seconds or {1: 1.0}, width or (lambda rows: rows))
         self.full = 0       # drafts of the last step when all were accepted, else 0
         self.draft: dict[int, list[float]] = {}  # recent proposal seconds per k
         self.draft_cost: dict[int, float] = {}  # their medians (rates() prices every k each step)
@@ -119,7 +102,7 @@ class DraftController:
         room * c_1 * (1 - min_k guess(k + 1) / E(k)) at most. A default run of 128 tokens on
         lavapipe measured ~4 s to save 1-2 s, and took twice plain's time; priced as free passes,
         a 1000-token one measured at its 261st token and bought compiles it could not repay."""
-        ones = [s for _, s, _ in self.timed.get(self.width(1), [])]
+        ones = self.costs.ones()
         if not ones:
             return False  # the first pass compiled: no 1-row cost yet
         c_1, tokens = median(ones), self.expected_tokens(min(self.k_max, room))
@@ -133,9 +116,8 @@ class DraftController:
 
     def measured(self, verify_seconds: dict) -> None:
         """The curve measured mid-run: the prior from now on."""
-        self.unmeasured, self.log_scale = None, 0.0
-        self.prior = {int(n): float(s) for n, s in verify_seconds.items()}
-        self.verify, self._verify_at = self._curve(), {}
+        self.unmeasured = None
+        self.costs.measured(verify_seconds)
 
     def acceptance(self, counts=None) -> np.ndarray:
         """a_j for j = 1..k_max (from the decayed counts, or the given ones)."""
@@ -145,49 +127,8 @@ class DraftController:
             out.append(prior)
         return np.array(out)
 
-    def _curve(self, min_passes: int = SHAPE_PASSES) -> dict[int, float]:
-        """Verify seconds per row count: a width timed `min_passes` times or more costs the median
-        of its recent passes, the others the prior scaled as the priced widths near it; fewer
-        rows never cost more (a stale, noisy 1-row figure above a 2-row one would make drafting
-        look free; seen on lavapipe: k = 1 on every step, 0.55-0.63x plain). A pass or two do not
-        price a width: this VM's identical 1-row passes range 28-52 ms within a second, and the
-        MTP head's first two 2-row passes, at 48 and 53 ms (1.4x the 1-row passes then, 1.02-1.04x
-        in rounds), switched it off."""
-        priced = self._priced(min_passes)
-        xs = sorted(priced)
-        log_x, logs = [math.log2(x) for x in xs], [math.log(priced[x] / _interp(self.prior, x)) for x in xs]
-
-        def log_scale(n: int) -> float:
-            """log(live / prior) at n: between the priced widths (in log rows), so an unpriced 2-row
-            pass keeps the prior's ratio to the 1-row one the run timed; before any is priced, the
-            running scale of all passes."""
-            return _lerp(math.log2(n), log_x, logs) if xs else self.log_scale
-
-        table = {n: s * math.exp(log_scale(n)) for n, s in self.prior.items()}
-        table.update(priced)
-        return _monotone(table)
-
-    def _priced(self, min_passes: int, full: bool = False) -> dict[int, float]:
-        """The widths timed `min_passes` times or more recently (`full`: by passes of that many
-        rows, not fewer in its slots), at their median."""
-        return {n: median(t) for n, t in self._recent(full).items() if len(t) >= min_passes}
-
-    def _recent(self, full: bool = False) -> dict[int, list[float]]:
-        """Seconds of each width's passes among the last WINDOW: from one spell of the machine,
-        so the priced widths compare as if timed side by side (`full`: only passes of all its rows)."""
-        return {n: [s for i, s, whole in t if i > self.scaled - WINDOW and (whole or not full)]
-                for n, t in self.timed.items()}
-
-    @property
-    def live(self) -> dict[int, float]:
-        """The widths priced by their own passes, at that price."""
-        return {n: self.verify[n] for n, t in self._recent().items() if len(t) >= SHAPE_PASSES}
-
     def c_verify(self, n: int) -> float:
-        cost = self._verify_at.get(n)
-        if cost is None:
-            cost = self._verify_at[n] = _interp(self.verify, self.width(n))
-        return cost
+        return self.costs.c_verify(n)
 
     def c_draft(self, k: int) -> float:
         if not (k and self.draft_cost):
@@ -222,11 +163,12 @@ class DraftController:
     def stop_reason(self) -> str | None:
         """Why the strategy should be switched off (it costs more than it saves), or None while it
         pays or the evidence is thin (never when fixed)."""
-        if self.fixed or self.unmeasured or self.scaled < STOP_STEPS:
+        scaled = self.costs.scaled
+        if self.fixed or self.unmeasured or scaled < STOP_STEPS:
             return None
         if self.total[0] >= self.stop_drafts() and not self.total[1]:
             # its upkeep (captures, commits) is then pure cost, and hidden in the live curve
-            return (f"none of its {self.total[0]} drafts was accepted in {self.scaled} steps; --draft-fixed "
+            return (f"none of its {self.total[0]} drafts was accepted in {scaled} steps; --draft-fixed "
                     "keeps it on")
         if sum(map(len, self.draft.values())) < SHAPE_PASSES:
             # its rate rests on what a draft costs: one timing is noise (the shipped MTP head's
@@ -302,7 +244,7 @@ class DraftController:
             k = min(range(limit + 1), key=lambda j: horizon / rates[j] + (setup(j + 1) if j else 0.0))
             self.held += k < _argmax(rates)
             reach = min(limit, 2 * self.full + 1)
-            if self.full and reach > k and self.width(reach + 1) not in self.live and affordable(reach):
+            if self.full and reach > k and self.costs.width(reach + 1) not in self.costs.live and affordable(reach):
                 k = reach  # the last drafts all held: learn what a longer verify costs here
             self.probing = k == 0 and self.idle >= self.wait
             if self.probing:
@@ -320,16 +262,9 @@ class DraftController:
                draft_seconds: float | None) -> None:
         """After a step that asked for k drafts, got `drafted`, and the target accepted `accepted`;
         seconds of None are not typical (a first pass that recorded and compiled) and not learned."""
-        rows = self.width(drafted + 1)
         if verify_seconds is not None:
-            # a pass that paid for compiling or ran on a busy machine moves the scale a bounded step
-            ratio = math.log(max(verify_seconds, 1e-9) / _interp(self.prior, rows))
-            self.scaled += 1
-            step = min(max(ratio - self.log_scale, -MAX_SCALE_STEP), MAX_SCALE_STEP)
-            self.log_scale += step * max(1 - DECAY, 1 / self.scaled)
-            pass_ = (self.scaled, float(verify_seconds), rows == drafted + 1)
-            self.timed[rows] = (self.timed.get(rows, []) + [pass_])[-KEEP_PASSES:]
-            self.verify, self._verify_at = self._curve(), {}
+            rows = self.costs.width(drafted + 1)
+            self.costs.learn(rows, rows == drafted + 1, verify_seconds)
         if k and draft_seconds is not None:
             self.draft[k] = (self.draft.get(k, []) + [float(draft_seconds)])[-KEEP_PASSES:]
             self.draft_cost[k] = median(self.draft[k])
@@ -352,26 +287,10 @@ class DraftController:
                     counts[accepted, 1] += 1
 
     def finish(self) -> None:
-        """Hand the learned curve to `persist`: the prior, lowered where a width timed
-        PERSIST_PASSES times or more in the last WINDOW passes did better (fewer rows never
-        costing more). A width timed once or twice is noise (bench spec's warm-up sweep times each
-        once; a cached 2-row figure 1.27x one row where rounds measure 1.02-1.04x switched the MTP
-        head off). Like `curve.measure`, the cache keeps the best a width has done: a run in a
-        slow spell teaches it nothing (plain decoding at 35 instead of 47 tok/s had raised every
-        width 1.5x and switched the head off; starved of memory, every pass ~15x, 2 rows were
-        cached at 16x one row), a fast one heals a curve measured on a busy machine. Only
-        passes of all a width's rows count (9 rows ran 16-row matmuls, but attention, norms and
-        RoPE of 9: a width's pass cached from them was 62 ms where 16 rows take 75). A width
-        shapes no other: a speculative run's 1-row passes come between the strategy's and cost
-        more than plain decoding's (28.7 against 21.5 ms), and scaled down with their excess a
-        16-row pass was cached at 48 ms where it takes 75."""
-        timed = self._priced(PERSIST_PASSES, full=True)
-        if self.persist is None or not timed or self.unmeasured:
-            return
-        curve = dict(self.prior)
-        for n, s in timed.items():
-            curve[n] = min(s, curve.get(n, s))
-        self.persist(plausible(_monotone(curve)))
+        """Hand what the run learned of the verify costs to `persist` (VerifyCosts.learned)."""
+        curve = None if self.persist is None or self.unmeasured else self.costs.learned()
+        if curve is not None:
+            self.persist(curve)
 
     def summary(self) -> dict:
         """Mean chosen k and why: the expected rate of the mean choice next to plain decoding's
@@ -385,42 +304,9 @@ class DraftController:
                 "plain_tps": self.plain_rate() if priced else None,
                 "overhead_seconds": self.overhead,
                 "acceptance": [round(float(a), 3) for a in self.acceptance()],
-                "verify_seconds": {str(n): s for n, s in sorted(self.verify.items())}}
-
-
-def _monotone(table: dict) -> dict:
-    """The table with fewer rows never costing more than more rows."""
-    out, low = {}, float("inf")
-    for n in sorted(table, reverse=True):
-        low = out[n] = min(table[n], low)
-    return dict(sorted(out.items()))
-
-
-def _interp(table: dict, x: int) -> float:
-    """Piecewise linear over the known points, extended linearly past the last one."""
-    if x in table:
-        return table[x]
-    xs = sorted(table)
-    if len(xs) == 1:
-        return table[xs[0]] * x / xs[0]
-    if x > xs[-1]:
-        a, b = xs[-2], xs[-1]
-        return table[b] + (table[b] - table[a]) / (b - a) * (x - b)
-    return _lerp(x, xs, [table[v] for v in xs])
+                "verify_seconds": {str(n): s for n, s in sorted(self.costs.verify.items())}}
 
 
 def _argmax(values: list) -> int:
     """The first index of the largest value, as np.argmax."""
     return max(range(len(values)), key=values.__getitem__)
-
-
-def _lerp(x: float, xs: list, ys: list) -> float:
-    """np.interp for one point, arithmetic and all (held at the end values outside xs)."""
-    if x <= xs[0]:
-        return float(ys[0])
-    if x >= xs[-1]:
-        return float(ys[-1])
-    j = bisect_right(xs, x) - 1
-    if x == xs[j]:
-        return float(ys[j])
-    return float((ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j]) * (x - xs[j]) + ys[j])

@@ -23,7 +23,7 @@ ROWS = (1, 2, 4, 8, 16, 32)
 # price them, and the cache keeps what they cost
 FIRST_ROWS = (1, 2, 4)
 # bumped when what is cached changes meaning: 2 keeps only widths timed often, 3 no longer scales
-# them with the 1-row figure (controller.finish)
+# them with the 1-row figure (costs.VerifyCosts.learned)
 CURVE_FORMAT = "curves 3"
 
 
