@@ -161,6 +161,34 @@ def test_the_curve_is_measured_in_rounds_over_every_width(monkeypatch):
     assert seconds == {1: 1.0, 2: 2.0, 4: 4.0}
 
 
+def test_a_width_far_above_the_kernels_guess_is_timed_again(monkeypatch):
+    """A cold process cached 2 rows at 1.44x one row where warm rounds give 1.14-1.23x: a width
+    above SUSPECT x the kernels' guess gets up to reps more rounds (here the 2-row passes of the
+    warm-up and the 3 timed rounds cost 3x; the 5th round times them right), and none where the
+    figures agree with the guess."""
+    import types
+    from vkdflash.spec import curve
+    clock = {"t": 0.0, "passes": 0}
+
+    def forward(tokens, all_logits=False):
+        clock["passes"] += 1
+        slow = len(tokens) == 2 and clock["passes"] <= 12
+        clock["t"] += (0.8 + 0.2 * len(tokens)) * (3.0 if slow else 1.0)
+    cache = types.SimpleNamespace(n_ctx=64, truncate=lambda n: None)
+
+    def measured(guess):
+        clock.update(t=0.0, passes=0)
+        model = types.SimpleNamespace(cache=cache, hp=types.SimpleNamespace(n_vocab=100), reset=lambda: None,
+                                      forward=forward, pass_cost_guess=guess)
+        return curve.measure(model, rows=(1, 2, 4), context=0, reps=3), clock["passes"]
+
+    monkeypatch.setattr(curve.time, "perf_counter", lambda: clock["t"])
+    seconds, passes = measured(lambda n: 0.8 + 0.2 * n)
+    assert seconds == pytest.approx({1: 1.0, 2: 1.2, 4: 1.6}) and passes == 15
+    seconds, passes = measured(None)  # no guess: the rounds as before
+    assert seconds == pytest.approx({1: 1.0, 2: 3.6, 4: 1.6}) and passes == 12
+
+
 def test_a_run_heals_a_stale_cached_curve(model, tmp_path, monkeypatch):
     """Live verify passes go back to the cache: a curve 100x too dear (measured on a busy
     machine) comes back near what the passes cost now (from widths timed 8 times or more)."""

@@ -22,6 +22,10 @@ ROWS = (1, 2, 4, 8, 16, 32)
 # wider passes are priced by extrapolation (dearer than they turn out) until a run's own passes
 # price them, and the cache keeps what they cost
 FIRST_ROWS = (1, 2, 4)
+# a width whose best figure sits above the kernels' guess (model.pass_cost_guess) times the 1-row
+# one by this much is timed in more rounds, up to as many again: a cold process once cached 2 rows
+# at 1.44x one row and another 4 rows at 2.05x where warm rounds give 1.14-1.23x and 1.5-1.76x
+SUSPECT = 1.1
 # bumped when what is cached changes meaning: 2 keeps only widths timed often, 3 no longer scales
 # them with the 1-row figure (costs.VerifyCosts.learned)
 CURVE_FORMAT = "curves 3"
@@ -55,15 +59,19 @@ def measure_here(model, rows=FIRST_ROWS, reps: int = 3, cache: bool = False) -> 
 
 
 def measuring_passes(rows=FIRST_ROWS, reps: int = 3) -> int:
-    """Rows the passes of measure_here() compute, warm-up round included (its cost in 1-row passes, at most)."""
+    """Rows the passes of measure_here() compute, warm-up round included (its cost in 1-row
+    passes, at most; twice the timed rounds where a figure looks suspect)."""
     return (reps + 1) * sum(rows)
 
 
 def _rounds(model, start: int, tokens: list, rows, reps: int) -> dict[int, float]:
-    """Best seconds per width of passes at position `start`; the cache ends there, whatever happens."""
+    """Best seconds per width of passes at position `start`, in reps + 1 rounds, and up to reps
+    more while a width looks suspect; the cache ends there, whatever happens."""
     seconds = {n: float("inf") for n in rows}
     try:
-        for _ in range(reps + 1):
+        for done in range(2 * reps + 1):
+            if done > reps and not _suspect(seconds, getattr(model, "pass_cost_guess", None)):
+                break
             for n in rows:
                 model.cache.truncate(start)
                 t0 = time.perf_counter()
@@ -72,6 +80,12 @@ def _rounds(model, start: int, tokens: list, rows, reps: int) -> dict[int, float
     finally:
         model.cache.truncate(start)
     return seconds
+
+
+def _suspect(seconds: dict, guess) -> bool:
+    """Whether a width costs more than SUSPECT x the kernels' guess of it from the 1-row figure."""
+    one = seconds.get(1)
+    return bool(guess and one) and any(s > SUSPECT * guess(n) * one for n, s in seconds.items() if n > 1)
 
 
 def _key(model) -> str:
