@@ -18,20 +18,19 @@ A length whose first pass must compile kernels first (setup: lavapipe takes ~1.6
 batch width, more than a 128-token run saves) counts its setup against the time to generate
 what is left, so a short run stays plain where a long one drafts; probes take a ready length.
 
-Keeping a strategy's state (its commit: MTP runs its head over each committed token) costs
-every step whatever k, so T(k) includes that overhead (the median of recent commits: a first
-commit of a shape compiles); once the evidence (STOP_STEPS timed steps; where its drafts' cost
-decides, SHAPE_PASSES timed proposals) says the best k with the strategy is below STOP_RATIO of
-plain decoding without it, or the best is k = 0 while its
-upkeep is more than UPKEEP_SHARE of a step, or none of its drafts was accepted where a draft as
-good as its a_1 prior would have had one accepted (STOP_CHANCE: the shipped MTP head, a_1 0.35,
-had none of its first 5 accepted on bench spec's prompt and was switched off at 4), or the
-best is k = 0 and not even the a_1 it expects would bring a length to STOP_RATIO of plain
-decoding, `stop_reason()` says why and the engine switches the strategy off: k = 0 alone
-cannot stop a strategy's upkeep (the target's captures, commits where a strategy writes each
-step), and its probes cost too (the shipped DFlash draft on lavapipe, a_1 ~0.25, left on at k 0
-with a probe now and then: 0.91x plain over 9 alternations, 0.94x once its commits waited for
-its proposals; switched off: 0.97-1.00x).
+Keeping a strategy's state (its commit: MTP runs its head over each committed token) costs every
+step whatever k, so T(k) includes that overhead (the median of recent commits: a first commit of
+a shape compiles); once the evidence (STOP_STEPS timed steps; where its drafts' cost decides,
+SHAPE_PASSES timed proposals) says the best k with the strategy is below STOP_RATIO of plain
+decoding without it, or the best is k = 0 while its upkeep is more than UPKEEP_SHARE of a step,
+or none of its drafts was accepted where a draft as good as its a_1 prior would have had one
+accepted (STOP_CHANCE: the shipped MTP head, a_1 0.35, had none of its first 5 accepted on bench
+spec's prompt and was switched off at 4), or the best is k = 0 and not even the a_1 it expects
+would bring a length to STOP_RATIO of plain decoding, `stop_reason()` says why and the engine
+switches the strategy off: k = 0 alone cannot stop a strategy's upkeep (the target's captures,
+commits where a strategy writes each step), and its probes cost too (the shipped DFlash draft on
+lavapipe, a_1 ~0.25, left on at k 0 with a probe now and then: 0.91x plain over 9 alternations,
+0.94x once its commits waited for its proposals; switched off: 0.97-1.00x).
 
 k = 0 is plain decoding; while the choice stays 0 it drafts a little anyway every `probe_every`
 steps, so the estimates can recover when the text becomes predictable; a probe that gets
