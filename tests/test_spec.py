@@ -417,6 +417,33 @@ def test_a_proposal_that_compiled_is_not_learned_as_drafting_cost(target, strate
     assert bool(control.draft) == learned
 
 
+def test_a_strategys_first_proposals_of_a_shape_are_not_learned(target):
+    """They run cold (the shipped MTP head's: 9.1 and 6.6 ms, then 2.5-2.8): the first
+    COLD_PROPOSALS of each (asked, drafted) shape reach the controller untimed, the rest timed."""
+    from vkdflash.spec.controller import DraftController
+    from vkdflash.spec.engine import COLD_PROPOSALS
+
+    class Logged(DraftController):
+        def update(self, k, drafted, accepted, verify_seconds, draft_seconds):
+            self.log.append(((k, drafted), draft_seconds is not None))
+            super().update(k, drafted, accepted, verify_seconds, draft_seconds)
+
+    model, tok = target
+    plain, _ = run(model, tok, n=40)
+    control = Logged(3, {n: 0.002 * n for n in (1, 2, 4, 8)}, fixed=True)
+    control.log = []
+    spec = Speculator(model, "t", lambda ctx: Oracle(plain), StrategyOptions(draft_max=3), SpecStats(), control)
+    try:
+        list(generate(model, tok, PROMPT, 24, Sampler(temp=0.0), (), Stats(), spec))
+    finally:
+        spec.close()
+    seen: dict = {}
+    for shape, timed in control.log:
+        seen[shape] = seen.get(shape, 0) + 1
+        assert timed == (seen[shape] > COLD_PROPOSALS)
+    assert max(seen.values()) > COLD_PROPOSALS and any(timed for _, timed in control.log)
+
+
 @pytest.mark.parametrize("pays", [False, True])
 def test_with_no_cached_curve_a_run_measures_it_mid_way_only_where_that_pays(target, pays):
     """A controller with no curve decodes plain until measuring pays; then the curve is timed

@@ -31,6 +31,10 @@ WATCH_STEPS = 24    # verify steps with drafts before the watchdog judges accept
 # (unrotated injection) falls below 0.2x, while single suite prompts, walked in torch with the
 # shipped files, fall below 0.5x of their suite's mean on 4 of 24 (both drafts) and 0.25x on none
 WATCH_RATIO = 0.25
+# a strategy's first proposals of a shape run cold: the shipped MTP head's k 1 proposals took (the
+# first untimed) 9.1, 6.6, 3.9, 3.5 ms, then 2.5-2.8, and priced by the first three it was
+# switched off where k 1 pays; the first two are not learned (the median of three absorbs one more)
+COLD_PROPOSALS = 2
 
 
 @dataclass
@@ -60,7 +64,7 @@ class Speculator:
         (called when the rest of a run can repay it)."""
         self.model, self.stats, self.measure = model, stats, measure
         self.control = control or DraftController(options.draft_max, {1: 1.0}, fixed=True)
-        self._seen: set = set()  # (asked, drafted) shapes proposed once: a strategy's graphs exist
+        self._seen: dict = {}  # proposals per (asked, drafted) shape: a strategy's graphs exist, and warm
         self._setup_key, self._setup_at = None, {}  # setup seconds per pass shape (_setup_seconds)
         self._warned = False
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
@@ -172,12 +176,13 @@ class Speculator:
             self.stats.record(len(prop.tokens), n)
             self._watch()
             # a first pass records a graph and compiles kernels (a 3-row verify once took 1.8 s,
-            # 40 ms after): not a cost to learn; nor a strategy's first proposal of a shape, or one
-            # that compiled (MTP writing held positions in a pass of a new width: 0.66 s for k 1)
+            # 40 ms after): not a cost to learn; nor a strategy's first proposals of a shape
+            # (COLD_PROPOSALS), or one that compiled (MTP writing held positions in a pass of a
+            # new width: 0.66 s for k 1)
             shape = (max_n, len(prop.tokens))
+            seen = self._seen[shape] = self._seen.get(shape, 0) + 1
             self.control.update(max_n, len(prop.tokens), n, t2 - t1 if warm else None,
-                                t1 - t0 if shape in self._seen and not compiled else None)
-            self._seen.add(shape)
+                                t1 - t0 if seen > COLD_PROPOSALS and not compiled else None)
             log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), max_n, n)
             if self.strategy is not None:
                 self._committed(out, pos, 1 + n, [last] + prop.tokens[:n])
