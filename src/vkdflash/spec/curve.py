@@ -60,7 +60,7 @@ def measure_here(model, rows=FIRST_ROWS, reps: int = 3, cache: bool = False) -> 
 
 def measuring_passes(rows=FIRST_ROWS, reps: int = 3) -> int:
     """Rows the passes of measure_here() compute, warm-up round included (its cost in 1-row
-    passes, at most; twice the timed rounds where a figure looks suspect)."""
+    passes, at most, unless a figure looks suspect: then up to `reps` rounds more)."""
     return (reps + 1) * sum(rows)
 
 
