@@ -93,7 +93,12 @@ def nj_for(n: int, cfg: MatmulConfig) -> int:
         return 1
     pow2 = min(cfg.nj, 1 << (n - 1).bit_length())
     sizes = [pow2] + [s for s in cfg.slot_sizes if s <= cfg.nj]
-    return min(sizes, key=lambda s: (-(-n // s) * (SLOT_DECODE + s), s != pow2))
+    return min(sizes, key=lambda s: (_groups_cost(n, s), s != pow2))
+
+
+def _groups_cost(n: int, s: int) -> int:
+    """Slots' worth of arithmetic for n rows in groups of s slots (each decodes its weights once)."""
+    return -(-n // s) * (SLOT_DECODE + s)
 
 
 def slot_cost(n: int, cfg: MatmulConfig) -> float:
@@ -103,8 +108,7 @@ def slot_cost(n: int, cfg: MatmulConfig) -> float:
     1.57-1.71 / 2.2-2.3 / 3.6-3.7); elsewhere 1 (unmodelled: a GPU's few-row pass is near free)."""
     if n <= 1 or not cfg.slot_sizes:
         return 1.0
-    s = nj_for(n, cfg)
-    return -(-n // s) * (SLOT_DECODE + s) / (SLOT_DECODE + 1)
+    return _groups_cost(n, nj_for(n, cfg)) / _groups_cost(1, 1)
 
 
 def _check_view(view, nbytes: int, what: str):

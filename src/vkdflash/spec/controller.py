@@ -38,6 +38,7 @@ nothing accepted doubles the wait (up to MAX_PROBE_WAIT), so a draft that is nev
 next to nothing."""
 from __future__ import annotations
 
+import functools
 from statistics import median
 
 import numpy as np
@@ -64,7 +65,7 @@ class DraftController:
         guess(rows): what the kernels' model says such a pass costs in 1-row passes (bounds what
         measuring an unknown curve could save; else every pass is priced as one row)."""
         self.k_max, self.fixed, self.probe_every, self.persist = int(k_max), fixed, probe_every, persist
-        self.guess = guess or (lambda rows: 1.0)
+        self.guess = functools.lru_cache(maxsize=None)(guess or (lambda rows: 1.0))  # asked every step while unmeasured
         self.unmeasured = None if verify_seconds is not None or fixed else UNTIMED  # why no curve
         self._judged = 0  # the most tokens measuring_pays found could not repay measuring
         self.costs = VerifyCosts(verify_seconds or {1: 1.0}, width or (lambda rows: rows))
