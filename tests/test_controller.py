@@ -542,3 +542,26 @@ def test_cost_rules_wait_for_a_few_timed_drafts():
         c.update(1, 1, 1, 0.0298, 0.0083)
         c.update(1, 1, 0, 0.0298, 0.0083)
     assert "costs more than it saves" in (c.stop_reason() or "")
+
+
+def test_a_slow_spell_in_one_width_does_not_switch_a_paying_draft_off():
+    """A 1000-token default MTP run (cached curve: 2 rows 1.21x one row) drafted k 1 at a_1 ~0.5
+    with 2-row passes ~29 ms and 1-row ones ~25; a slow spell put its recent 2-row passes at ~40 ms
+    while the few 1-row ones between them stayed at ~25, and it was switched off for the run
+    (k 1 priced at 0.86x plain) though over the run 2 rows cost 1.15x one row and k 1 paid ~1.1x.
+    The verdict takes the curve's shape where the live one is dearer; choose() still idles
+    through the spell at live prices. A draft that costs too much is still switched off."""
+    def judged(spell_seconds: float, draft_seconds: float) -> tuple:
+        c = DraftController(16, {1: 0.0197, 2: 0.0238, 4: 0.0338})
+        c.expect(0.52)
+        for step in range(60):
+            one_row = step % 4 == 3
+            slow = step >= 40
+            c.update(0 if one_row else 1, 0 if one_row else 1, int(step % 2 == 0 and not one_row),
+                     0.0245 if one_row else (spell_seconds if slow else 0.029), None if one_row else draft_seconds)
+            c.note_overhead(0.00002)
+        return c.stop_reason(), c.choose(500, done=500)
+
+    assert judged(0.040, 0.003) == (None, 0)  # idles through the spell, stays on
+    assert judged(0.029, 0.003)[1] == 1  # outside it, k 1 pays
+    assert "costs more than it saves" in (judged(0.040, 0.012)[0] or "")

@@ -148,9 +148,11 @@ class DraftController:
             tokens.append(1.0 + expected)
         return tokens
 
-    def rates(self, limit: int, counts=None) -> list[float]:
-        """Committed tokens per second with k = 0..limit drafts."""
-        return [t / (self.c_verify(k + 1) + self.c_draft(k) + self.overhead)
+    def rates(self, limit: int, counts=None, verify=None) -> list[float]:
+        """Committed tokens per second with k = 0..limit drafts (verify: the pass prices, c_verify
+        unless given)."""
+        verify = verify or self.c_verify
+        return [t / (verify(k + 1) + self.c_draft(k) + self.overhead)
                 for k, t in enumerate(self.expected_tokens(limit, counts))]
 
     def expected_rate(self, k: int) -> float:
@@ -175,9 +177,11 @@ class DraftController:
             # first timed draft, 8.3 ms where they take ~3, switched it off after a mid-run
             # measurement at a 1000-token request's 261st token, where k 1 pays 1.15x plain)
             return None
-        # judged on the whole run's acceptance: the decayed one follows the text, and one unlucky
-        # stretch would switch off a strategy that pays
-        rates = self.rates(self.k_max, self.run_counts)
+        # judged on the whole run's acceptance (the decayed one follows the text, and one unlucky
+        # stretch would switch off a strategy that pays) and on steady pass prices (a slow spell's
+        # would: choose() idles through it at the live ones)
+        steady = self.costs.steady
+        rates = self.rates(self.k_max, self.run_counts, steady)
         k = _argmax(rates)
         best, plain, a_1 = rates[k], self.plain_rate(), self.acceptance(self.run_counts)[0]
         if k == 0 and self.overhead > UPKEEP_SHARE * self.c_verify(1):
@@ -187,7 +191,7 @@ class DraftController:
         # record would make a length pay by the margin below (the shipped DFlash draft on
         # lavapipe); inside it, a few noisy timings decide (the shipped MTP head, 1.16x plain at
         # k 1, was switched off in 1 of 5 runs when 4 drafts' timings put k 1 at 0.98x)
-        if k == 0 and max(self.rates(self.k_max, np.zeros_like(self.run_counts))[1:], default=0.0) \
+        if k == 0 and max(self.rates(self.k_max, np.zeros_like(self.run_counts), steady)[1:], default=0.0) \
                 < STOP_RATIO * plain:
             return (f"it costs more than it saves here: no draft length pays at the a_1 it expects "
                     f"({self.first_prior:.2f}) nor at the {a_1:.2f} it had; --draft-fixed keeps it on")

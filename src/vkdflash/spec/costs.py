@@ -95,6 +95,16 @@ class VerifyCosts:
             cost = self._verify_at[n] = _interp(self.verify, self.width(n))
         return cost
 
+    def steady(self, n: int) -> float:
+        """c_verify(n) with its ratio to one row no dearer than the prior's: what the width costs
+        when the machine is steady, for verdicts that last the run (the stop rules). A slow spell
+        inflates the widths timed in it, and a width then no longer chosen keeps that price until
+        its passes leave the window: a 1000-token MTP run priced 2 rows at 1.49x one row for a
+        stretch (1.15x over the run) and was switched off at a_1 0.48, where k 1 pays ~1.1x."""
+        one = self.c_verify(1)
+        shape = _interp(self.prior, self.width(n)) / _interp(self.prior, self.width(1))
+        return min(self.c_verify(n), one * shape)
+
     def learned(self) -> dict | None:
         """The curve for the cache (None: nothing learned): the prior, lowered where a width timed
         PERSIST_PASSES times or more in the last WINDOW passes did better (fewer rows never
