@@ -424,3 +424,36 @@ def test_positions_committed_while_idle_are_written_before_the_next_proposal(ctx
     gpu.close()
     sctx.close()
     model.close()
+
+
+def test_held_positions_are_written_in_the_batch_widths_of_every_step(ctx0, files, monkeypatch):
+    """A flush after idle steps holds any number of positions; a commit graph of that many rows
+    compiled the head's matmul kernels for its batch-width family (lavapipe: 5 families, ~0.6 s
+    each, in a cold 1000-token run). Its rows go in pieces of 1-2, whose kernels every step uses,
+    and the head's drafts stay the reference's."""
+    import vkdflash_mtp.gpu as head_gpu
+    widths, real = [], head_gpu.matmul
+    monkeypatch.setattr(head_gpu, "matmul", lambda g, w, x, y, n, **kw: widths.append(n) or real(g, w, x, y, n, **kw))
+    mf = load_model(files["heads"])
+    model = Model(ctx0, mf, n_ctx=96)
+    sctx = context(ctx0, model, draft_max=3)
+    gpu = MTP(sctx)
+    ref = RefMTP(gpu.heads, RefWeights(mf), "f16", "f16", True)
+    out = model.forward(PROMPT, capture=gpu.capture_layers)
+    hand_over(sctx, out, 0, PROMPT)
+    gpu.begin(sctx)
+    ref.update(sctx.tokens, 0, out.hidden[mf.hparams.n_layer])
+    last = 9
+    for _ in range(20):  # idle steps: nothing written yet
+        start = len(sctx.tokens)
+        out = model.forward([last], capture=gpu.capture_layers)
+        hand_over(sctx, out, start, [last])
+        gpu.commit(sctx)
+        ref.update(sctx.tokens, start, out.hidden[mf.hparams.n_layer])
+        last = int(np.argmax(out.logits[-1]))
+    held = sum(len(t) for _, t, _ in gpu.pending)
+    assert held > 16 and gpu.propose(sctx, last, 3).tokens == ref.propose(last, 3)[0]
+    assert widths and max(widths) <= 2, sorted(set(widths))
+    gpu.close()
+    sctx.close()
+    model.close()

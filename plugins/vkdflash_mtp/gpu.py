@@ -21,7 +21,10 @@ from vkdflash.api import (BlockBuffers, BlockShape, BlockWeights, DeviceStore, G
                           add, argmax, copy, dequantize, draft_distribution, get_rows, get_type, matmul, record_block,
                           rms_norm, write_kv)
 
-MAX_ROWS = 64  # committed positions per commit graph (the kernels' batch-invariance range)
+# committed positions per commit graph: the matmuls compile a kernel per batch-width family, and
+# flushes of held positions come in every width (lavapipe: 5 head kernels, ~0.6 s each, in a cold
+# 1000-token run), where 2-row pieces reuse one and cost ~0.5 ms each
+COMMIT_ROWS = 2
 
 
 def _up(n: int, a: int) -> int:
@@ -42,7 +45,7 @@ class HeadRunner:
             raise
 
     def _load(self, heads, target) -> None:
-        hp, B = self.hp, MAX_ROWS
+        hp, B = self.hp, COMMIT_ROWS
         vec, mat = (lambda s, rep=1: self._vec(heads, s, rep)), (lambda s: self._mat(heads, s))
         self.enorm, self.hnorm = vec("nextn.enorm.weight"), vec("nextn.hnorm.weight")
         self.sh_norm = vec("nextn.shared_head_norm.weight")
@@ -153,8 +156,8 @@ class HeadRunner:
     def commit(self, h: np.ndarray, tokens, first_pos: int) -> None:
         """Write the head's K/V for positions first_pos.. from target states h [n, d] and tokens t_{i+1}."""
         tokens = np.asarray(tokens, np.uint32)
-        for s in range(0, len(tokens), MAX_ROWS):
-            n = min(MAX_ROWS, len(tokens) - s)
+        for s in range(0, len(tokens), COMMIT_ROWS):
+            n = min(COMMIT_ROWS, len(tokens) - s)
             self.ids.write(tokens[s:s + n])
             self.pos.write(np.arange(first_pos + s, first_pos + s + n, dtype=np.uint32))
             self.hin.write(np.ascontiguousarray(h[s:s + n], np.float32))
