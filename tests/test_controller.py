@@ -565,3 +565,15 @@ def test_a_slow_spell_in_one_width_does_not_switch_a_paying_draft_off():
     assert judged(0.040, 0.003) == (None, 0)  # idles through the spell, stays on
     assert judged(0.029, 0.003)[1] == 1  # outside it, k 1 pays
     assert "costs more than it saves" in (judged(0.040, 0.012)[0] or "")
+
+
+def test_drafts_are_priced_as_an_earlier_run_timed_them_until_this_one_does():
+    """Priced free until timed, the default MTP head's k 1 looked to save 5 ms a token on lavapipe
+    where it saves ~2.4 (drafts ~3 ms), and a cold run bought compiles it could not repay."""
+    c = DraftController(4, CPU)
+    assert c.c_draft(1) == 0.0 and c.timed_drafts() == {}
+    c.draft_prior({1: 0.003, 2: 0.0025})
+    assert c.c_draft(1) == 0.003 and c.c_draft(2) == 0.003  # never cheaper for more drafts
+    for seconds in (0.005, 0.006, 0.007):
+        c.update(1, 1, 1, CPU[2], seconds)
+    assert c.c_draft(1) == 0.006 and c.timed_drafts() == {1: 0.006}  # its own timings win

@@ -522,3 +522,47 @@ def test_a_mid_run_measurement_leaves_a_rotated_quantized_cache_as_it_was(target
         assert measured == [1] and got == plain
     finally:
         model.close()
+
+
+class SlowStart(Oracle):
+    """The oracle, whose first proposal compiles (sleeps) for a while."""
+
+    def __init__(self, reference):
+        super().__init__(reference)
+        self.started = False
+
+    def propose(self, ctx, last_token, max_n):
+        if not self.started:
+            import time
+            time.sleep(0.3)
+            self.started = True
+        return super().propose(ctx, last_token, max_n)
+
+
+def test_a_strategys_first_proposal_is_priced_as_the_last_process_measured_it(target, tmp_path, monkeypatch):
+    """The shipped MTP head's first proposal compiles its kernels (~0.9 s on lavapipe), which a cold
+    default run bought unpriced and lost. Measured once, the next process weighs it as a compile:
+    a short run stays plain; where the strategy already proposed on this device context, nothing."""
+    from vkdflash.spec import curve
+    from vkdflash.spec.controller import DraftController
+    monkeypatch.setenv("VKDFLASH_CURVES", str(tmp_path / "curves.json"))
+    monkeypatch.setattr(curve, "_proposed", type(curve._proposed)())
+    model, tok = target
+    plain, _ = run(model, tok, n=24)
+    model.forward(PROMPT[:2], all_logits=True, greedy=True)  # the 2-row pass is recorded: no compile to price
+
+    def drafted() -> int:
+        stats = SpecStats()
+        spec = Speculator(model, "slow-start", lambda ctx: SlowStart(plain), StrategyOptions(draft_max=1), stats,
+                          DraftController(1, {1: 0.002, 2: 0.0021, 4: 0.0022}), costs=curve.StrategyCosts(model, "slow-start"))
+        got = list(generate(model, tok, PROMPT, 24, Sampler(temp=0.0), (), Stats(), spec))
+        spec.close()
+        assert got == list(generate(model, tok, PROMPT, 24, Sampler(temp=0.0)))
+        return stats.drafted
+
+    assert drafted() > 0  # nothing known: drafts from the first step, and the costs are measured
+    assert curve.StrategyCosts(model, "slow-start").first_seconds() == 0.0  # it ran here
+    assert 0 < curve.StrategyCosts(model, "slow-start").drafts()[1] < 0.3  # a warm proposal's median
+    curve._proposed.clear()  # a new process
+    first = curve.StrategyCosts(model, "slow-start").first_seconds()
+    assert first >= 0.3 and drafted() == 0  # 0.3 s is more than 23 tokens can save

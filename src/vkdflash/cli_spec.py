@@ -140,13 +140,13 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
         return None
     from .plugins import lookup
     from .spec.controller import DraftController
-    from .spec.curve import cached_costs, curve_file, measure_here, remember, verify_costs
+    from .spec.curve import StrategyCosts, cached_costs, curve_file, measure_here, remember, verify_costs
     from .spec.engine import Speculator
     from .spec.strategy import StrategyOptions
     options = StrategyOptions(draft_model=request.draft_model, draft_max=request.draft_max, p_min=request.draft_p_min,
                               cache_type_k=request.ctkd, cache_type_v=request.ctvd, rotate=rotate,
                               settings=request.settings(name))
-    measure = None
+    measure = costs = None
     if request.draft_fixed:
         control = DraftController(request.draft_max, {1: 1.0}, fixed=True)
     else:
@@ -157,7 +157,8 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
             measure = functools.partial(measure_here, model, cache=True)
         control = DraftController(request.draft_max, curve, persist=lambda curve: remember(model, curve),
                                   width=model.pass_width, guess=model.pass_cost_guess)
-    spec = Speculator(model, name, lookup(name).factory, options, stats, control, measure)
+        costs = StrategyCosts(model, name)
+    spec = Speculator(model, name, lookup(name).factory, options, stats, control, measure, costs)
     if spec.strategy is None:  # the factory itself failed: that is the user's error, say it once
         raise VkdflashError(f"strategy {name} could not start: {stats.disabled}")
     return spec

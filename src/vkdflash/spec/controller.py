@@ -272,12 +272,7 @@ class DraftController:
         if k and draft_seconds is not None:
             self.draft[k] = (self.draft.get(k, []) + [float(draft_seconds)])[-KEEP_PASSES:]
             self.draft_cost[k] = median(self.draft[k])
-            # priced from a table that never falls with k (learned 1: 656 ms, 3: 422 ms,
-            # extrapolated, had priced 14 drafts at -864 ms, and chosen them)
-            self._rising, top = {}, 0.0
-            for j in sorted(self.draft_cost):
-                top = self._rising[j] = max(top, self.draft_cost[j])
-            self._draft_at = {}
+            self._reprice()
         self.full = drafted if drafted and accepted == drafted else 0
         self.total += (drafted, accepted)
         if self.probing:
@@ -289,6 +284,24 @@ class DraftController:
                 counts[:accepted, 0] += 1
                 if accepted < drafted:
                     counts[accepted, 1] += 1
+
+    def _reprice(self) -> None:
+        """c_draft's table from draft_cost, never falling with k (learned 1: 656 ms, 3: 422 ms,
+        extrapolated, had priced 14 drafts at -864 ms, and chosen them)."""
+        self._rising, top = {}, 0.0
+        for j in sorted(self.draft_cost):
+            top = self._rising[j] = max(top, self.draft_cost[j])
+        self._draft_at = {}
+
+    def draft_prior(self, seconds: dict) -> None:
+        """What proposals of k drafts cost in an earlier run, until this one times them (priced
+        free instead, the default MTP head's k 1 looked to save 5 ms a token where it saves ~2.4)."""
+        self.draft_cost = {int(k): float(s) for k, s in seconds.items() if s > 0} | self.draft_cost
+        self._reprice()
+
+    def timed_drafts(self) -> dict[int, float]:
+        """Median proposal seconds of the lengths timed SHAPE_PASSES times or more (for the cache)."""
+        return {k: median(t) for k, t in self.draft.items() if len(t) >= SHAPE_PASSES}
 
     def finish(self) -> None:
         """Hand what the run learned of the verify costs to `persist` (VerifyCosts.learned)."""

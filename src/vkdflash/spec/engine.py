@@ -58,12 +58,18 @@ def target_view(model) -> TargetView:
 
 class Speculator:
     def __init__(self, model, name: str, factory, options, stats: SpecStats, control: DraftController | None = None,
-                 measure=None):
+                 measure=None, costs=None):
         """control: chooses each step's draft length (None: always up to --draft-max); measure():
         the verify curve, timed after the request's context, for a control built without one
-        (called when the rest of a run can repay it)."""
-        self.model, self.stats, self.measure = model, stats, measure
+        (called when the rest of a run can repay it); costs: the strategy's curve.StrategyCosts (its
+        first proposal, which the control weighs as a compile until the strategy has proposed, and
+        what its proposals cost before this run times them)."""
+        self.model, self.stats, self.measure, self.costs = model, stats, measure, costs
+        self._first_seconds = costs.first_seconds() if costs else 0.0
+        self._proposed = False
         self.control = control or DraftController(options.draft_max, {1: 1.0}, fixed=True)
+        if costs:
+            self.control.draft_prior(costs.drafts())
         self._seen: dict = {}  # proposals per (asked, drafted) shape: a strategy's graphs exist, and warm
         self._setup_key, self._setup_at = None, {}  # setup seconds per pass shape (_setup_seconds)
         self._warned = False
@@ -158,12 +164,16 @@ class Speculator:
                 return
             if self.strategy is not None and self.control.unmeasured and self.measure is not None and room > 0:
                 self._measure_if_it_pays(min(room, emitted))
-            max_n = self.control.choose(room, lambda rows: self._setup_seconds(rows, rows > 1, self.capture, greedy),
-                                        emitted) \
+            max_n = self.control.choose(room, lambda rows: self._setup_seconds(rows, rows > 1, self.capture, greedy)
+                                        + self._first_seconds, emitted) \
                 if self.strategy is not None else 0
             t0, kernels = time.perf_counter(), len(model.ctx.pipelines)
             prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
             t1, compiled = time.perf_counter(), len(model.ctx.pipelines) > kernels
+            if max_n > 0 and not self._proposed:
+                self._proposed, self._first_seconds = True, 0.0
+                if self.costs:
+                    self.costs.proposed(t1 - t0)
             capture = self.capture if self.strategy is not None else ()  # a switched-off strategy reads none
             rows = 1 + len(prop.tokens)  # one row: plain decoding's own pass (measured 2-3% faster)
             warm = model.recorded(rows, rows > 1, capture, greedy)
@@ -210,7 +220,7 @@ class Speculator:
     def _measure_if_it_pays(self, horizon: int) -> None:
         """Measure the verify curve once `horizon` tokens (as many as the request has generated,
         at most what is left) could repay it, as choose() weighs compiles."""
-        compile_seconds = sum(self._setup_seconds(n, True) for n in FIRST_ROWS)
+        compile_seconds = sum(self._setup_seconds(n, True) for n in FIRST_ROWS) + self._first_seconds
         if self.control.measuring_pays(horizon, compile_seconds, measuring_passes()):
             t0 = time.perf_counter()
             self.control.measured(self.measure())
@@ -255,6 +265,8 @@ class Speculator:
     def close(self) -> None:
         self.stats.draft_length = self.control.summary()
         self.control.finish()
+        if self.costs:
+            self.costs.remember_drafts(self.control.timed_drafts())
         if self.strategy is not None:
             self._guard("close", self.strategy.close)
         self.ctx.close()
