@@ -277,6 +277,39 @@ def test_draft_length_clamped_to_block_size(ctx0, target, ref_weights, files):
         assert len(tokens) == 3 and tokens == want_tokens and got.shape[0] == 3
 
 
+def test_held_positions_are_injected_no_wider_than_a_block(ctx0, target, ref_weights, files, monkeypatch):
+    """Positions held while idle pile up in any number; an injection pass of that many rows
+    compiled the draft's matmul kernels for its batch-width family (lavapipe: ~0.6 s each). They
+    go a block's rows at a time, the widths a drafting step's commits use, and the proposal stays
+    the numpy pipeline's."""
+    import vkdflash_dflash.strategy as strategy
+    widths, real = [], strategy.matmul
+    monkeypatch.setattr(strategy, "matmul", lambda g, w, x, y, n, **kw: widths.append(n) or real(g, w, x, y, n, **kw))
+    path = write_dflash(files["dir"] / "bs4-held.gguf", files["target"], block_size=4)
+    model = Model(ctx0, target, n_ctx=64)
+    sctx = strategy_ctx(ctx0, model, path, draft_max=3)
+    s = factory(sctx)
+    draft = load_draft(path, target.hparams)
+    ref, tgt = RefDFlash(draft, ref_weights), RefModel(ref_weights, n_ctx=64)
+    layers = draft.hp.target_layers
+    out = tgt.forward(PROMPT, capture_layers=layers)
+    sctx.tokens, sctx.new_start, sctx.new_hidden = list(PROMPT), 0, out.hidden
+    s.begin(sctx)
+    ref.inject(0, ref.features(out.hidden))
+    for last in SEQUENCE[:4]:  # idle steps: 14 positions held
+        out = tgt.forward([last], capture_layers=layers)
+        sctx.new_start, sctx.tokens, sctx.new_hidden = len(sctx.tokens), sctx.tokens + [last], out.hidden
+        s.commit(sctx)
+        ref.inject(sctx.new_start, ref.features(out.hidden))
+    assert sum(len(f) for _, f in s.pending) == 14
+    assert s.propose(sctx, 50, 3).tokens == ref.draft(50, 3, 0.0)[0]
+    assert widths and max(widths) <= 4, sorted(set(widths))
+    s.close()
+    sctx.close()
+    model.close()
+    draft.close()
+
+
 def test_propose_refuses_a_context_it_has_not_seen(ctx0, target, files):
     m = Model(ctx0, target, n_ctx=32)
     sctx = strategy_ctx(ctx0, m, files["draft"])

@@ -27,7 +27,7 @@ from vkdflash.api import (BlockBuffers, BlockShape, BlockWeights, DeviceStore, G
 from .draft_file import load_draft
 
 log = logging.getLogger("vkdflash")
-INJECT_ROWS = 64  # positions fused per injection pass (longer prompts go in chunks)
+INJECT_ROWS = 64  # committed positions that may wait for a proposal (injected a block's rows a pass)
 IDLE_HOLD = 1024  # positions that may wait before a request's first proposal (~9 KB each)
 SHIPPED = Path(__file__).parent / "drafts"  # drafts trained for particular targets (tools/train)
 
@@ -154,13 +154,16 @@ class DFlash(Strategy):
             self._flush()
 
     def _flush(self) -> None:
-        """Inject every committed position still pending, INJECT_ROWS a pass."""
+        """Inject every committed position still pending, a block's rows at most a pass: a step
+        commits no more, and every width family compiles its own matmul kernels (lavapipe: ~0.6 s
+        each), where held positions pile up in any width."""
         if not self.pending:
             return
         start, feats = self.pending[0][0], np.concatenate([f for _, f in self.pending])
         self.pending = []
-        for first in range(0, len(feats), INJECT_ROWS):
-            chunk = np.ascontiguousarray(feats[first:first + INJECT_ROWS])
+        rows = min(INJECT_ROWS, self.hp.block_size)
+        for first in range(0, len(feats), rows):
+            chunk = np.ascontiguousarray(feats[first:first + rows])
             self.feat.write(chunk)
             self.pos.write(np.arange(start + first, start + first + len(chunk), dtype=np.uint32))
             self._graph(("inject", len(chunk))).run()
