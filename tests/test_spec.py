@@ -566,3 +566,22 @@ def test_a_strategys_first_proposal_is_priced_as_the_last_process_measured_it(ta
     curve._proposed.clear()  # a new process
     first = curve.StrategyCosts(model, "slow-start").first_seconds()
     assert first >= 0.3 and drafted() == 0  # 0.3 s is more than 23 tokens can save
+
+
+@pytest.mark.parametrize("entry, first, drafts", [
+    ({"first": "1.2", "draft": {"1": -3, "2": 1e9, "x": 0.01, "3": 0.004, "4": [1]}}, 0.0, {3: 0.004}),
+    ({"first": True, "draft": "fast"}, 0.0, {}),
+    ([1, 2], 0.0, {}),
+    ({"first": 0.9, "draft": {"1": 0.0028}}, 0.9, {1: 0.0028}),
+])
+def test_a_strategys_cached_costs_are_read_only_where_they_are_seconds(target, tmp_path, monkeypatch, entry, first,
+                                                                        drafts):
+    """The curve file may have been edited or damaged: what is not a plausible figure is not priced."""
+    import json
+    from vkdflash.spec import curve
+    monkeypatch.setenv("VKDFLASH_CURVES", str(tmp_path / "curves.json"))
+    monkeypatch.setattr(curve, "_proposed", type(curve._proposed)())
+    model, _ = target
+    costs = curve.StrategyCosts(model, "x")
+    (tmp_path / "curves.json").write_text(json.dumps({costs.key: entry}))
+    assert costs.first_seconds() == first and costs.drafts() == drafts

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 import weakref
@@ -159,15 +160,15 @@ class StrategyCosts:
     def first_seconds(self) -> float:
         if self.name in _proposed.get(self.ctx, ()):
             return 0.0
-        first = self._cached().get("first")
-        return float(first) if isinstance(first, (int, float)) and first > 0 else 0.0
+        return _seconds(self._cached().get("first")) or 0.0
 
     def drafts(self) -> dict[int, float]:
         """Seconds of a proposal of k drafts, per k."""
-        try:
-            return {int(k): float(v) for k, v in self._cached().get("draft", {}).items() if float(v) > 0}
-        except (AttributeError, TypeError, ValueError):
+        table = self._cached().get("draft")
+        if not isinstance(table, dict):
             return {}
+        out = {k: _seconds(v) for k, v in table.items() if k.isdigit() and 0 < int(k) <= 1024}
+        return {int(k): v for k, v in out.items() if v}
 
     def proposed(self, seconds: float) -> None:
         """The strategy proposed on this context, the first time in `seconds`."""
@@ -180,6 +181,12 @@ class StrategyCosts:
         if seconds:
             _store(self.key, self._cached() | {"draft": {str(k): float(v) for k, v in sorted(seconds.items())}},
                    "a strategy's costs")
+
+
+def _seconds(value) -> float | None:
+    """A cached figure that can be seconds (the file may have been edited or damaged)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 3600 and math.isfinite(value)
+    return float(value) if ok else None
 
 
 def _store(key: str, value, what: str) -> None:

@@ -68,8 +68,8 @@ class Speculator:
         self._first_seconds = costs.first_seconds() if costs else 0.0
         self._proposed = False
         self.control = control or DraftController(options.draft_max, {1: 1.0}, fixed=True)
-        if costs:
-            self.control.draft_prior(costs.drafts())
+        drafts = costs.drafts() if costs else {}
+        self.control.draft_prior(drafts)
         self._seen: dict = {}  # proposals per (asked, drafted) shape: a strategy's graphs exist, and warm
         self._setup_key, self._setup_at = None, {}  # setup seconds per pass shape (_setup_seconds)
         self._warned = False
@@ -91,6 +91,10 @@ class Speculator:
                  "fixed" if self.control.fixed else "cost-aware", self.control.first_prior,
                  "the draft's record" if expected else "no record", options.p_min, list(self.capture) or "none",
                  options.cache_type_k, options.cache_type_v)
+        if self._first_seconds or drafts:
+            log.info("%s as an earlier run here measured it (priced until this run times it): first proposal "
+                     "%.2f s, proposals of k drafts %s", name, self._first_seconds,
+                     ", ".join(f"{k}: {1000 * s:.1f} ms" for k, s in sorted(drafts.items())) or "untimed")
 
     def _guard(self, what: str, call):
         """Run a strategy call; on any exception switch the strategy off (one line, no traceback)."""

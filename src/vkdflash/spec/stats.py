@@ -61,6 +61,6 @@ class SpecStats:
                 text += f", expected {d['expected_tps']:.1f} tok/s vs {d['plain_tps']:.1f} plain"
             if d.get("held_for_setup"):
                 text += (f", {d['held_for_setup']} steps drafted less than the rate asked: the kernels of a "
-                         "longer verify would take longer to compile than as many tokens as were generated "
-                         "would save")
+                         "longer verify (or of the strategy's first proposal) would take longer to compile than "
+                         "as many tokens as were generated would save")
         return text + (f"; switched off: {self.disabled}" if self.disabled else "")
