@@ -577,3 +577,31 @@ def test_drafts_are_priced_as_an_earlier_run_timed_them_until_this_one_does():
     for seconds in (0.005, 0.006, 0.007):
         c.update(1, 1, 1, CPU[2], seconds)
     assert c.c_draft(1) == 0.006 and c.timed_drafts() == {1: 0.006}  # its own timings win
+
+
+def test_a_longer_draft_is_tried_only_where_the_kernels_guess_says_it_could_pay():
+    """After a step whose drafts all held the controller tries 2k + 1 to learn its cost. The MTP
+    head on lavapipe (a_1 ~0.5, its chained second draft rarely right) tried 3 after each accepted
+    single draft, compiling 4- and 8-row passes no rate chose. At the kernels' guess of those
+    passes 3 drafts at its acceptance cannot pay, so it no longer tries them; drafts that are
+    mostly right (ngram on repeating code) still do where the cached shape is too dear."""
+    slots = {1: 1.0, 2: 1.2, 3: 1.6, 4: 1.6}
+    lavapipe = lambda rows: slots.get(rows, 0.8 + 0.2 * rows)  # noqa: E731
+    priced = {n: 0.025 * lavapipe(n) for n in (1, 2, 4, 8, 16)}
+
+    def tried(curve: dict, right: float) -> set:
+        width = lambda n: 1 << (n - 1).bit_length()  # noqa: E731 -- 3 rows cost what 4 do
+        c, r, seen = DraftController(16, curve, guess=lavapipe, width=width), np.random.default_rng(1), set()
+        c.expect(right)
+        for _ in range(60):
+            k = c.choose(1000)
+            seen.add(k)
+            accepted = 0
+            while accepted < k and r.random() < (right if accepted == 0 else right / 10 if right < 0.8 else right):
+                accepted += 1
+            c.update(k, k, accepted, priced[width(k + 1)], 0.003 * k or None)
+        return seen
+
+    assert not tried(priced, 0.5) & {3, 7}
+    stale = {n: s * (1 if n == 1 else 2) for n, s in priced.items()}  # n-row passes cached 2x dearer
+    assert max(tried(stale, 0.9)) >= 3

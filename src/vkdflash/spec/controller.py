@@ -248,7 +248,8 @@ class DraftController:
             k = min(range(limit + 1), key=lambda j: horizon / rates[j] + (setup(j + 1) if j else 0.0))
             self.held += k < _argmax(rates)
             reach = min(limit, 2 * self.full + 1)
-            if self.full and reach > k and self.costs.width(reach + 1) not in self.costs.live and affordable(reach):
+            if self.full and reach > k and self.costs.width(reach + 1) not in self.costs.live and affordable(reach) \
+                    and self._may_pay(reach, rates[k]):
                 k = reach  # the last drafts all held: learn what a longer verify costs here
             self.probing = k == 0 and self.idle >= self.wait
             if self.probing:
@@ -261,6 +262,14 @@ class DraftController:
         self.idle = 0 if k else self.idle + 1
         self.chosen.append(k)
         return k
+
+    def _may_pay(self, j: int, rate: float) -> bool:
+        """Whether j drafts would beat `rate` were their pass to cost what the kernels guess (the
+        cached shape may be wrong, the kernels' slot arithmetic not by much): trying 2k + 1 after
+        each accepted single draft, the MTP head (its chained second draft rarely right) compiled
+        and ran 4- and 8-row passes no rate would choose."""
+        return self.expected_tokens(j)[j] / (self.guess(j + 1) * self.c_verify(1) + self.c_draft(j)
+                                             + self.overhead) > rate
 
     def update(self, k: int, drafted: int, accepted: int, verify_seconds: float | None,
                draft_seconds: float | None) -> None:
