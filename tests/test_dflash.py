@@ -277,6 +277,28 @@ def test_draft_length_clamped_to_block_size(ctx0, target, ref_weights, files):
         assert len(tokens) == 3 and tokens == want_tokens and got.shape[0] == 3
 
 
+def begun_beside_numpy(ctx0, target, ref_weights, path, draft_max: int):
+    """The GPU strategy and the numpy pipeline, both begun on PROMPT: (model, sctx, s, draft, ref, tgt)."""
+    model = Model(ctx0, target, n_ctx=64)
+    sctx = strategy_ctx(ctx0, model, path, draft_max=draft_max)
+    s = factory(sctx)
+    draft = load_draft(path, target.hparams)
+    ref, tgt = RefDFlash(draft, ref_weights), RefModel(ref_weights, n_ctx=64)
+    out = tgt.forward(PROMPT, capture_layers=draft.hp.target_layers)
+    sctx.tokens, sctx.new_start, sctx.new_hidden = list(PROMPT), 0, out.hidden
+    s.begin(sctx)
+    ref.inject(0, ref.features(out.hidden))
+    return model, sctx, s, draft, ref, tgt
+
+
+def committed_beside_numpy(sctx, s, draft, ref, tgt, last: int) -> None:
+    """`last` committed: the target's features for it handed to both."""
+    out = tgt.forward([last], capture_layers=draft.hp.target_layers)
+    sctx.new_start, sctx.tokens, sctx.new_hidden = len(sctx.tokens), sctx.tokens + [last], out.hidden
+    s.commit(sctx)
+    ref.inject(sctx.new_start, ref.features(out.hidden))
+
+
 def test_held_positions_are_injected_no_wider_than_a_block(ctx0, target, ref_weights, files, monkeypatch):
     """Positions held while idle pile up in any number; an injection pass of that many rows
     compiled the draft's matmul kernels for its batch-width family (lavapipe: ~0.6 s each). They
@@ -286,21 +308,9 @@ def test_held_positions_are_injected_no_wider_than_a_block(ctx0, target, ref_wei
     widths, real = [], strategy.matmul
     monkeypatch.setattr(strategy, "matmul", lambda g, w, x, y, n, **kw: widths.append(n) or real(g, w, x, y, n, **kw))
     path = write_dflash(files["dir"] / "bs4-held.gguf", files["target"], block_size=4)
-    model = Model(ctx0, target, n_ctx=64)
-    sctx = strategy_ctx(ctx0, model, path, draft_max=3)
-    s = factory(sctx)
-    draft = load_draft(path, target.hparams)
-    ref, tgt = RefDFlash(draft, ref_weights), RefModel(ref_weights, n_ctx=64)
-    layers = draft.hp.target_layers
-    out = tgt.forward(PROMPT, capture_layers=layers)
-    sctx.tokens, sctx.new_start, sctx.new_hidden = list(PROMPT), 0, out.hidden
-    s.begin(sctx)
-    ref.inject(0, ref.features(out.hidden))
+    model, sctx, s, draft, ref, tgt = begun_beside_numpy(ctx0, target, ref_weights, path, 3)
     for last in SEQUENCE[:4]:  # idle steps: 14 positions held
-        out = tgt.forward([last], capture_layers=layers)
-        sctx.new_start, sctx.tokens, sctx.new_hidden = len(sctx.tokens), sctx.tokens + [last], out.hidden
-        s.commit(sctx)
-        ref.inject(sctx.new_start, ref.features(out.hidden))
+        committed_beside_numpy(sctx, s, draft, ref, tgt, last)
     assert sum(len(f) for _, f in s.pending) == 14
     assert s.propose(sctx, 50, 3).tokens == ref.draft(50, 3, 0.0)[0]
     assert widths and max(widths) <= 4, sorted(set(widths))
@@ -460,16 +470,7 @@ def test_positions_committed_while_idle_are_injected_before_the_next_proposal(ct
     import vkdflash_dflash.strategy as strategy
     monkeypatch.setattr(strategy, "INJECT_ROWS", inject_rows)
     monkeypatch.setattr(strategy, "IDLE_HOLD", idle_hold)
-    model = Model(ctx0, target, n_ctx=64)
-    sctx = strategy_ctx(ctx0, model, files["draft"], draft_max=4)
-    s = factory(sctx)
-    draft = load_draft(files["draft"], target.hparams)
-    ref, tgt = RefDFlash(draft, ref_weights), RefModel(ref_weights, n_ctx=64)
-    layers = draft.hp.target_layers
-    out = tgt.forward(PROMPT, capture_layers=layers)
-    sctx.tokens, sctx.new_start, sctx.new_hidden = list(PROMPT), 0, out.hidden
-    s.begin(sctx)
-    ref.inject(0, ref.features(out.hidden))
+    model, sctx, s, draft, ref, tgt = begun_beside_numpy(ctx0, target, ref_weights, files["draft"], 4)
     proposals = 0
     for step, last in enumerate(SEQUENCE[:12]):
         if step % 5 == 4:  # a proposal after 4 idle steps
@@ -479,10 +480,7 @@ def test_positions_committed_while_idle_are_injected_before_the_next_proposal(ct
         assert held < (inject_rows if proposals else idle_hold)
         if not proposals and len(sctx.tokens) < idle_hold:
             assert held == len(sctx.tokens)  # nothing injected before the first proposal
-        out = tgt.forward([last], capture_layers=layers)
-        sctx.new_start, sctx.tokens, sctx.new_hidden = len(sctx.tokens), sctx.tokens + [last], out.hidden
-        s.commit(sctx)
-        ref.inject(sctx.new_start, ref.features(out.hidden))
+        committed_beside_numpy(sctx, s, draft, ref, tgt, last)
     assert proposals == 2 and s.propose(sctx, 50, 4).tokens == ref.draft(50, 4, 0.0)[0]
     s.close()
     sctx.close()
