@@ -585,3 +585,14 @@ def test_a_strategys_cached_costs_are_read_only_where_they_are_seconds(target, t
     costs = curve.StrategyCosts(model, "x")
     (tmp_path / "curves.json").write_text(json.dumps({costs.key: entry}))
     assert costs.first_seconds() == first and costs.drafts() == drafts
+
+
+def test_a_strategys_costs_are_kept_per_draft_file(target, tmp_path):
+    """A -md draft of another size costs another amount: its file names the entry, as the model's does."""
+    from vkdflash.spec import curve
+    model, _ = target
+    draft = tmp_path / "head.gguf"
+    draft.write_bytes(b"x" * 10)
+    own, first = curve.StrategyCosts(model, "mtp").key, curve.StrategyCosts(model, "mtp", str(draft)).key
+    draft.write_bytes(b"x" * 20)
+    assert len({own, first, curve.StrategyCosts(model, "mtp", str(draft)).key}) == 3

@@ -91,10 +91,8 @@ def _suspect(seconds: dict, guess) -> bool:
 
 
 def _key(model) -> str:
-    path = os.path.realpath(model.mf.gguf.path)
-    st = os.stat(path)
     f = model.ctx.features
-    return (f"{path}|{st.st_size}|{st.st_mtime_ns}|{f.name}|{f.driver}|{model.cache.ctk}/{model.cache.ctv}"
+    return (f"{_file_id(model.mf.gguf.path)[1:]}|{f.name}|{f.driver}|{model.cache.ctk}/{model.cache.ctv}"
             f"|kernels {spirv_build_id()}|{CURVE_FORMAT}")
 
 
@@ -150,8 +148,9 @@ class StrategyCosts:
     proposal of k drafts. Unpriced, a cold 1000-token default run bought the head's compiles, with
     drafts priced free until timed, at ~430 tokens, and ran 3-15% slower than plain decoding."""
 
-    def __init__(self, model, name: str):
-        self.ctx, self.name, self.key = model.ctx, name, f"{_key(model)}|strategy {name}"
+    def __init__(self, model, name: str, draft: str | None = None):
+        """draft: the -md file the strategy runs (its size and time name it too), None for its own."""
+        self.ctx, self.name, self.key = model.ctx, name, f"{_key(model)}|strategy {name}{_file_id(draft)}"
 
     def _cached(self) -> dict:
         cached = _load().get(self.key)
@@ -181,6 +180,16 @@ class StrategyCosts:
         if seconds:
             _store(self.key, self._cached() | {"draft": {str(k): float(v) for k, v in sorted(seconds.items())}},
                    "a strategy's costs")
+
+
+def _file_id(path: str | None) -> str:
+    if not path:
+        return ""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return f"|{path}"
+    return f"|{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}"
 
 
 def _seconds(value) -> float | None:
