@@ -92,7 +92,7 @@ def _suspect(seconds: dict, guess) -> bool:
 
 def _key(model) -> str:
     f = model.ctx.features
-    return (f"{_file_id(model.mf.gguf.path)[1:]}|{f.name}|{f.driver}|{model.cache.ctk}/{model.cache.ctv}"
+    return (f"{_file_id(model.mf.gguf.path)}|{f.name}|{f.driver}|{model.cache.ctk}/{model.cache.ctv}"
             f"|kernels {spirv_build_id()}|{CURVE_FORMAT}")
 
 
@@ -138,7 +138,7 @@ def remember(model, seconds: dict) -> None:
     _store(_key(model), {str(n): float(s) for n, s in sorted(seconds.items())}, "the verify cost curve")
 
 
-_proposed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # device context -> strategies that proposed on it
+_proposed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # device context -> StrategyCosts keys that proposed on it
 
 
 class StrategyCosts:
@@ -150,14 +150,14 @@ class StrategyCosts:
 
     def __init__(self, model, name: str, draft: str | None = None):
         """draft: the -md file the strategy runs (its size and time name it too), None for its own."""
-        self.ctx, self.name, self.key = model.ctx, name, f"{_key(model)}|strategy {name}{_file_id(draft)}"
+        self.ctx, self.key = model.ctx, f"{_key(model)}|strategy {name}" + (f"|{_file_id(draft)}" if draft else "")
 
     def _cached(self) -> dict:
         cached = _load().get(self.key)
         return cached if isinstance(cached, dict) else {}
 
     def first_seconds(self) -> float:
-        if self.name in _proposed.get(self.ctx, ()):
+        if self.key in _proposed.get(self.ctx, ()):
             return 0.0
         return _seconds(self._cached().get("first")) or 0.0
 
@@ -171,9 +171,9 @@ class StrategyCosts:
 
     def proposed(self, seconds: float) -> None:
         """The strategy proposed on this context, the first time in `seconds`."""
-        names = _proposed.setdefault(self.ctx, set())
-        if self.name not in names:
-            names.add(self.name)
+        keys = _proposed.setdefault(self.ctx, set())
+        if self.key not in keys:
+            keys.add(self.key)
             _store(self.key, self._cached() | {"first": float(seconds)}, "a strategy's costs")
 
     def remember_drafts(self, seconds: dict) -> None:
@@ -182,14 +182,13 @@ class StrategyCosts:
                    "a strategy's costs")
 
 
-def _file_id(path: str | None) -> str:
-    if not path:
-        return ""
+def _file_id(path: str) -> str:
+    """A file named by its path, size and time (a changed file is another)."""
     try:
         st = os.stat(path)
     except OSError:
-        return f"|{path}"
-    return f"|{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}"
+        return path
+    return f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}"
 
 
 def _seconds(value) -> float | None:
