@@ -78,9 +78,9 @@ def test_fewer_rows_never_cost_more():
     for _ in range(30):  # 4-row passes turn out fast: the 1- and 2-row costs follow them down
         c.update(3, 3, 0, 0.030, 0.006)
     assert c.c_verify(1) <= c.c_verify(2) <= c.c_verify(4) == pytest.approx(0.030)
-    before, a1 = (dict(c.costs.verify), dict(c.draft)), c.acceptance()[0]
+    before, a1 = (dict(c.costs.verify), dict(c.drafts.timed)), c.acceptance()[0]
     c.update(15, 15, 3, None, None)  # an untypical (first, compiling) pass: learn acceptance only
-    assert (c.costs.verify, c.draft) == before and c.acceptance()[0] > a1
+    assert (c.costs.verify, c.drafts.timed) == before and c.acceptance()[0] > a1
 
 
 def test_a_width_is_priced_by_its_own_passes_only_once_it_has_a_few():
@@ -571,12 +571,12 @@ def test_drafts_are_priced_as_an_earlier_run_timed_them_until_this_one_does():
     """Priced free until timed, the default MTP head's k 1 looked to save 5 ms a token on lavapipe
     where it saves ~2.4 (drafts ~3 ms), and a cold run bought compiles it could not repay."""
     c = DraftController(4, CPU)
-    assert c.c_draft(1) == 0.0 and c.timed_drafts() == {}
-    c.draft_prior({1: 0.003, 2: 0.0025})
+    assert c.c_draft(1) == 0.0 and c.drafts.learned() == {}
+    c.drafts.prior({1: 0.003, 2: 0.0025})
     assert c.c_draft(1) == 0.003 and c.c_draft(2) == 0.003  # never cheaper for more drafts
     for seconds in (0.005, 0.006, 0.007):
         c.update(1, 1, 1, CPU[2], seconds)
-    assert c.c_draft(1) == 0.006 and c.timed_drafts() == {1: 0.006}  # its own timings win
+    assert c.c_draft(1) == 0.006 and c.drafts.learned() == {1: 0.006}  # its own timings win
 
 
 def test_a_longer_draft_is_tried_only_where_the_kernels_guess_says_it_could_pay():

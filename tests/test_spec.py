@@ -414,7 +414,7 @@ def test_a_proposal_that_compiled_is_not_learned_as_drafting_cost(target, strate
         spec.close()
         for key in [k for k in model.ctx.pipelines if k[0] == "test: compiled while proposing"]:
             del model.ctx.pipelines[key]
-    assert bool(control.draft) == learned
+    assert bool(control.drafts.timed) == learned
 
 
 def test_a_strategys_first_proposals_of_a_shape_are_not_learned(target):

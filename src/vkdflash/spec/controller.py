@@ -8,8 +8,8 @@ per position, so it follows the text; a position with little evidence leans on t
 it, so after drafts 1..j keep being accepted the choice reaches for j + 1). a_1 starts from what
 the draft measured on its own suite where it knows (`expect`), else 0.5: the shipped DFlash
 draft (a_1 0.25) then starts plain on lavapipe instead of drafting 3 steps to learn it.
-c_draft(k): seconds of a proposal of up to k tokens (the median of the recent ones per k;
-unseen k interpolated, 0 before the first).
+c_draft(k): seconds of a proposal of up to k tokens (costs.DraftCosts: the median of the recent
+ones per k, unseen k interpolated; before the first, what an earlier run timed, else 0).
 c_verify(n): seconds of an n-row target pass, learned from the cached curve and live passes
 (costs.VerifyCosts). The prior's shape can be wrong, so after a step whose drafts were all
 accepted it tries a length of 2k + 1 it has not priced.
@@ -43,7 +43,7 @@ from statistics import median
 
 import numpy as np
 
-from .costs import DECAY, KEEP_PASSES, SHAPE_PASSES, VerifyCosts, _interp
+from .costs import DECAY, SHAPE_PASSES, DraftCosts, VerifyCosts
 
 PRIOR = 2.0        # pseudo-counts behind a_j's prior: a_{j-1} (for a_1: the draft's record, or 0.5)
 MAX_PROBE_WAIT = 128
@@ -70,10 +70,7 @@ class DraftController:
         self._judged = 0  # the most tokens measuring_pays found could not repay measuring
         self.costs = VerifyCosts(verify_seconds or {1: 1.0}, width or (lambda rows: rows))
         self.full = 0       # drafts of the last step when all were accepted, else 0
-        self.draft: dict[int, list[float]] = {}  # recent proposal seconds per k
-        self.draft_cost: dict[int, float] = {}  # their medians (rates() prices every k each step)
-        self._rising: dict[int, float] = {}  # the medians, raised so a longer draft never costs less
-        self._draft_at: dict[int, float] = {}  # c_draft's prices from them
+        self.drafts = DraftCosts()
         self.counts = np.zeros((self.k_max, 2))  # decayed (accepted, rejected) per draft position
         self.run_counts = np.zeros((self.k_max, 2))  # the same, undecayed: what the stop rule judges by
         self.first_prior = 0.5
@@ -131,12 +128,7 @@ class DraftController:
         return self.costs.c_verify(n)
 
     def c_draft(self, k: int) -> float:
-        if not (k and self.draft_cost):
-            return 0.0
-        cost = self._draft_at.get(k)
-        if cost is None:
-            cost = self._draft_at[k] = _interp(self._rising, k)
-        return cost
+        return self.drafts.cost(k)
 
     def expected_tokens(self, limit: int, counts=None) -> list[float]:
         """E(k), tokens a step commits with k = 0..limit drafts (plain Python: the controller runs
@@ -172,7 +164,7 @@ class DraftController:
             # its upkeep (captures, commits) is then pure cost, and hidden in the live curve
             return (f"none of its {self.total[0]} drafts was accepted in {scaled} steps; --draft-fixed "
                     "keeps it on")
-        if sum(map(len, self.draft.values())) < SHAPE_PASSES:
+        if self.drafts.timings() < SHAPE_PASSES:
             # its rate rests on what a draft costs: one timing is noise (the shipped MTP head's
             # first timed draft, 8.3 ms where they take ~3, switched it off after a mid-run
             # measurement at a 1000-token request's 261st token, where k 1 pays 1.15x plain)
@@ -279,9 +271,7 @@ class DraftController:
             rows = self.costs.width(drafted + 1)
             self.costs.learn(rows, rows == drafted + 1, verify_seconds)
         if k and draft_seconds is not None:
-            self.draft[k] = (self.draft.get(k, []) + [float(draft_seconds)])[-KEEP_PASSES:]
-            self.draft_cost[k] = median(self.draft[k])
-            self._reprice()
+            self.drafts.learn(k, draft_seconds)
         self.full = drafted if drafted and accepted == drafted else 0
         self.total += (drafted, accepted)
         if self.probing:
@@ -293,24 +283,6 @@ class DraftController:
                 counts[:accepted, 0] += 1
                 if accepted < drafted:
                     counts[accepted, 1] += 1
-
-    def _reprice(self) -> None:
-        """c_draft's table from draft_cost, never falling with k (learned 1: 656 ms, 3: 422 ms,
-        extrapolated, had priced 14 drafts at -864 ms, and chosen them)."""
-        self._rising, top = {}, 0.0
-        for j in sorted(self.draft_cost):
-            top = self._rising[j] = max(top, self.draft_cost[j])
-        self._draft_at = {}
-
-    def draft_prior(self, seconds: dict) -> None:
-        """What proposals of k drafts cost in an earlier run, until this one times them (priced
-        free instead, the default MTP head's k 1 looked to save 5 ms a token where it saves ~2.4)."""
-        self.draft_cost = {int(k): float(s) for k, s in seconds.items() if s > 0} | self.draft_cost
-        self._reprice()
-
-    def timed_drafts(self) -> dict[int, float]:
-        """Median proposal seconds of the lengths timed SHAPE_PASSES times or more (for the cache)."""
-        return {k: median(t) for k, t in self.draft.items() if len(t) >= SHAPE_PASSES}
 
     def finish(self) -> None:
         """Hand what the run learned of the verify costs to `persist` (VerifyCosts.learned)."""

@@ -69,7 +69,7 @@ class Speculator:
         self._proposed = False
         self.control = control or DraftController(options.draft_max, {1: 1.0}, fixed=True)
         drafts = costs.drafts() if costs else {}
-        self.control.draft_prior(drafts)
+        self.control.drafts.prior(drafts)
         self._seen: dict = {}  # proposals per (asked, drafted) shape: a strategy's graphs exist, and warm
         self._setup_key, self._setup_at = None, {}  # setup seconds per pass shape (_setup_seconds)
         self._warned = False
@@ -270,7 +270,7 @@ class Speculator:
         self.stats.draft_length = self.control.summary()
         self.control.finish()
         if self.costs:
-            self.costs.remember_drafts(self.control.timed_drafts())
+            self.costs.remember_drafts(self.control.drafts.learned())
         if self.strategy is not None:
             self._guard("close", self.strategy.close)
         self.ctx.close()
