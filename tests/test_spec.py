@@ -582,8 +582,8 @@ def test_a_strategys_cached_costs_are_read_only_where_they_are_seconds(target, t
     monkeypatch.setenv("VKDFLASH_CURVES", str(tmp_path / "curves.json"))
     monkeypatch.setattr(curve, "_proposed", type(curve._proposed)())
     model, _ = target
-    costs = curve.StrategyCosts(model, "x")
-    (tmp_path / "curves.json").write_text(json.dumps({costs.key: entry}))
+    (tmp_path / "curves.json").write_text(json.dumps({curve.StrategyCosts(model, "x").key: entry}))
+    costs = curve.StrategyCosts(model, "x")  # reads the file as a run begins
     assert costs.first_seconds() == first and costs.drafts() == drafts
 
 

@@ -36,7 +36,7 @@ class VerifyCosts:
         """A new prior (a curve measured mid-run): the scale starts again from it."""
         self.prior = {int(n): float(s) for n, s in prior.items()}
         self.log_scale = 0.0  # live / prior, in logs
-        self.verify, self._verify_at = self._curve(), {}  # the curve, and c_verify's prices from it
+        self._reprice()
 
     def learn(self, rows: int, whole: bool, seconds: float) -> None:
         """A timed pass of a width (`whole`: all its rows used); a pass that paid for compiling
@@ -46,7 +46,12 @@ class VerifyCosts:
         step = min(max(ratio - self.log_scale, -MAX_SCALE_STEP), MAX_SCALE_STEP)
         self.log_scale += step * max(1 - DECAY, 1 / self.scaled)
         self.timed[rows] = (self.timed.get(rows, []) + [(self.scaled, float(seconds), whole)])[-KEEP_PASSES:]
-        self.verify, self._verify_at = self._curve(), {}
+        self._reprice()
+
+    def _reprice(self) -> None:
+        """The curve, and empty tables of the prices c_verify and steady give from it (the
+        controller asks for every length each step)."""
+        self.verify, self._verify_at, self._steady_at = self._curve(), {}, {}
 
     def ones(self) -> list[float]:
         """Seconds of the 1-row passes timed (kept ones)."""
@@ -102,9 +107,11 @@ class VerifyCosts:
         inflates the widths timed in it, and a width then no longer chosen keeps that price until
         its passes leave the window: a 1000-token MTP run priced 2 rows at 1.49x one row for a
         stretch (1.15x over the run) and was switched off at a_1 0.48, where k 1 pays ~1.1x."""
-        one = self.c_verify(1)
-        shape = _interp(self.prior, self.width(n)) / _interp(self.prior, self.width(1))
-        return min(self.c_verify(n), one * shape)
+        cost = self._steady_at.get(n)
+        if cost is None:
+            shape = _interp(self.prior, self.width(n)) / _interp(self.prior, self.width(1))
+            cost = self._steady_at[n] = min(self.c_verify(n), self.c_verify(1) * shape)
+        return cost
 
     def learned(self) -> dict | None:
         """The curve for the cache (None: nothing learned): the prior, lowered where a width timed

@@ -151,6 +151,7 @@ class StrategyCosts:
     def __init__(self, model, name: str, draft: str | None = None):
         """draft: the -md file the strategy runs (its size and time name it too), None for its own."""
         self.ctx, self.key = model.ctx, f"{_key(model)}|strategy {name}" + (f"|{_file_id(draft)}" if draft else "")
+        self.known = self._cached()  # as the file held it when the run began
 
     def _cached(self) -> dict:
         cached = _load().get(self.key)
@@ -159,11 +160,11 @@ class StrategyCosts:
     def first_seconds(self) -> float:
         if self.key in _proposed.get(self.ctx, ()):
             return 0.0
-        return _seconds(self._cached().get("first")) or 0.0
+        return _seconds(self.known.get("first")) or 0.0
 
     def drafts(self) -> dict[int, float]:
         """Seconds of a proposal of k drafts, per k."""
-        table = self._cached().get("draft")
+        table = self.known.get("draft")
         if not isinstance(table, dict):
             return {}
         out = {k: _seconds(v) for k, v in table.items() if k.isdigit() and 0 < int(k) <= 1024}
