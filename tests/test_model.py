@@ -62,6 +62,36 @@ def test_batched_equals_token_by_token_bitwise(ctx0, tiny, arch):
     m.close()
 
 
+def test_a_prompt_runs_in_compiled_widths_while_compiling_its_own_would_cost_more(ctx0, tiny):
+    """A prompt (decoding follows) may run in passes of widths whose kernels are compiled: its
+    own width only where that compile (priced as the 1-row family's) costs less than the passes
+    it saves, at the kernels' guess times a timed 1-row pass. Same bits either way."""
+    mf, cap = tiny["qwen3"], [1, tiny["qwen3"].hparams.n_layer]
+    whole = Model(ctx0, mf, n_ctx=64)
+    want = whole.forward(PROMPT, capture=cap)
+    m = Model(ctx0, mf, n_ctx=64)
+    m.first_record[m._family(1, False)] = 1e3  # as if a width's kernels took 1000 s to compile
+    got = m.forward(PROMPT, capture=cap, prompt=True)
+    assert {key[0] for key in m.store.graphs} == {1}  # 12 one-row passes: no new width compiled
+    assert np.array_equal(got.logits.view(np.uint32), want.logits.view(np.uint32))
+    for key in want.hidden:
+        assert np.array_equal(got.hidden[key].view(np.uint32), want.hidden[key].view(np.uint32))
+    m.row_seconds = 0.01
+    m.first_record = {m._family(1, False): 0.001}  # a compile cheaper than a 1-row pass: own width
+    assert m._prompt_width(12) == 12 and m._prompt_width(100) == 64
+    m.first_record[m._family(1, False)] = 1.0  # 100 one-row passes
+    assert m._prompt_width(64) == 1 and m._prompt_width(200) == 64  # 200 rows pay for it
+    m.first_record[m._family(8, False)] = 1.0  # a compiled 8-row family takes what it can
+    assert m._prompt_width(12) == m._prompt_width(9) == 8 and m._prompt_width(3) == 1
+    del m.first_record[m._family(8, False)]
+    paid = [m._prompt_width(40) for _ in range(200)]  # many prompts: what 1-row passes cost adds up
+    assert paid[0] == 1 and paid[-1] == 40 and 0.7 <= m.prompt_rent <= 0.75  # less the passes it saves
+    m.reset()
+    assert m.forward(PROMPT, prompt=False).logits is not None and (12, False, (), False) in m.store.graphs
+    whole.close()
+    m.close()
+
+
 def test_a_greedy_pass_reads_back_the_argmax_of_its_logits(ctx0, tiny):
     """greedy=True keeps the logits on the device and returns each row's argmax: the same ids
     numpy finds in the logits a plain pass returns, for a prefill's last row, every row of a

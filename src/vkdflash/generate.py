@@ -44,7 +44,7 @@ def plain_tokens(model, prompt_ids: list[int], sampler, stats: Stats):
     """Yield sampled token ids one decode step at a time (no speculation)."""
     model.reset()
     t0 = time.perf_counter()
-    out = model.forward(prompt_ids, greedy=sampler.greedy)
+    out = model.forward(prompt_ids, greedy=sampler.greedy, prompt=True)
     stats.prompt_tokens, stats.prompt_seconds = len(prompt_ids), time.perf_counter() - t0
     while True:
         token = int(out.ids[-1]) if sampler.greedy else sampler.sample(out.logits[-1])

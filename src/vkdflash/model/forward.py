@@ -57,6 +57,8 @@ class Model:
         self.matmul_config = config_for(ctx.features)
         self.first_record: dict[tuple, float] = {}  # seconds to record a family's first pass (compiles)
         self.graph_seconds: list[float] = []        # seconds to record the later ones
+        self.row_seconds: float | None = None       # the last recorded 1-row pass's wall time
+        self.prompt_rent = 0.0  # seconds prompts paid in narrower passes than their own width's
         self.embd = self._mat("token_embd.weight")
         self.output = self.embd if hp.tied_output else self._mat("output.weight")
         self.output_norm = self._vec("output_norm.weight")
@@ -123,10 +125,12 @@ class Model:
         return self.captures[layer]
 
     # -- running --------------------------------------------------------------------
-    def forward(self, tokens, all_logits: bool = False, capture=(), greedy: bool = False) -> Output:
+    def forward(self, tokens, all_logits: bool = False, capture=(), greedy: bool = False,
+                prompt: bool = False) -> Output:
         """Append `tokens` to the cache and return logits (last row, or every row), or with
         `greedy` their argmax ids only, and, for the layers in `capture`, the residual stream
-        entering them plus the final hidden state."""
+        entering them plus the final hidden state. A `prompt` (decoding follows) may run in
+        passes of widths whose kernels are compiled (`_prompt_width`): the same bits."""
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         capture = tuple(sorted(set(int(c) for c in capture)))
         bad = [c for c in capture if not 0 <= c <= self.hp.n_layer]
@@ -137,9 +141,12 @@ class Model:
         logits, ids, hidden = [], [], {c: [] for c in capture}
         if capture:
             hidden["final"] = []
-        for start in range(0, tokens.size, MAX_BATCH):
-            chunk = tokens[start:start + MAX_BATCH]
-            last = start + MAX_BATCH >= tokens.size
+        start = 0
+        while start < tokens.size:
+            left = tokens.size - start
+            chunk = tokens[start:start + (self._prompt_width(left) if prompt and not all_logits else MAX_BATCH)]
+            start += chunk.size
+            last = start >= tokens.size
             rows, captured = self._run(chunk, all_logits, capture, greedy, need_logits=all_logits or last)
             (ids if greedy else logits).append(rows)
             for key, value in captured.items():
@@ -181,6 +188,28 @@ class Model:
         """An n-row pass in 1-row passes as the kernels' model guesses it (kernels.matmul.slot_cost)."""
         return slot_cost(n, self.matmul_config)
 
+    def _prompt_width(self, left: int) -> int:
+        """Rows of a prompt's next pass, `left` rows to go. A first pass of a new batch width
+        compiles its kernels (lavapipe: ~1 s, some 50 one-row passes of SmolLM2), and decoding
+        compiles the 1-row ones anyway: so a prompt runs in the widest compiled width while that
+        costs less than compiling its own would (priced as the 1-row family's compile, passes at
+        the kernels' guess times a timed 1-row pass), or until what the narrower passes cost
+        beyond it (over every prompt so far: a process serving many) has paid for a compile.
+        A cold `generate` of a 6-token prompt spent 1.3 s compiling its 6-row family to save ~0.1 s."""
+        n = min(left, MAX_BATCH)
+        if n == 1 or self._family(n, False) in self.first_record:
+            return n
+        if self.row_seconds is None:
+            return 1  # the 1-row kernels compile (and then a pass is timed) first
+        compiled = max(w for w in range(1, n) if self._family(w, False) in self.first_record)
+        guess = lambda w: slot_cost(w, self.matmul_config)  # noqa: E731
+        as_compiled = (left // compiled) * guess(compiled) + left % compiled
+        to_compile = max(self.first_record[self._family(1, False)] - self.prompt_rent, 0.0) / self.row_seconds
+        if -(-left // n) * guess(n) + to_compile < as_compiled:
+            return n
+        self.prompt_rent += (guess(compiled) - compiled * guess(n) / n) * self.row_seconds
+        return compiled
+
     def _family(self, n: int, all_logits: bool):
         """Passes of one family share every kernel (matmuls specialize on the batch width)."""
         return nj_for(n, self.matmul_config), all_logits and n > 1
@@ -201,10 +230,14 @@ class Model:
         start = cache.n_past
         if start + n > cache.n_ctx:
             raise VkdflashError(f"context full: {start} + {n} tokens exceed -c {cache.n_ctx}")
-        graph = self.store.graph((n, all_logits, capture, greedy),
-                                 lambda: self._recorded(n, all_logits, capture, greedy))
+        key = (n, all_logits, capture, greedy)
+        recorded = key in self.store.graphs
+        graph = self.store.graph(key, lambda: self._recorded(n, all_logits, capture, greedy))
+        t0 = time.perf_counter()
         self._stage(chunk, start)
         graph.run()
+        if n == 1 and recorded:
+            self.row_seconds = time.perf_counter() - t0
         cache.n_past = start + n
         rows = (n if all_logits else 1) if need_logits else 0
         if greedy:

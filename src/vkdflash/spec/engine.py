@@ -152,7 +152,7 @@ class Speculator:
         self.ctx.temperature, self.ctx.seed = sampler.temp, sampler.seed
         greedy = sampler.greedy
         t0 = time.perf_counter()
-        out = model.forward(prompt_ids, capture=self.capture, greedy=greedy)
+        out = model.forward(prompt_ids, capture=self.capture, greedy=greedy, prompt=True)
         gen_stats.prompt_tokens, gen_stats.prompt_seconds = len(prompt_ids), time.perf_counter() - t0
         if self.strategy is not None:
             self._committed(out, 0, len(prompt_ids), prompt_ids)
