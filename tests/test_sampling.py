@@ -39,6 +39,32 @@ def test_top_k_keeps_k_largest_ties_to_lower_id():
     assert top_k_mask(x, 0).all() and top_k_mask(x, 6).all() and top_k_mask(x, 99).all()
 
 
+def test_top_k_matches_a_full_ranking_with_ties_and_masks():
+    """top_k_mask finds the cut by partition, not by sorting the vocabulary: the same ids as
+    ranking every kept finite logit (highest first, ties by lower id), over many tied cuts."""
+    r = np.random.default_rng(8)
+    for _ in range(300):
+        n = int(r.integers(1, 120))
+        x = r.integers(-4, 4, n).astype(np.float64)  # few values: ties at most cuts
+        x[r.random(n) < 0.15] = -np.inf
+        keep = r.random(n) < 0.8
+        if not np.isfinite(x).any():
+            continue
+        ranked = [i for i in sorted(range(n), key=lambda i: (-x[i], i)) if keep[i] and np.isfinite(x[i])]
+        for k in (1, 2, 3, 7, 40):
+            want = sorted(ranked[:k]) if k < len(ranked) else sorted(ranked)
+            assert np.flatnonzero(top_k_mask(x, k, keep)).tolist() == want
+
+
+def test_a_draw_lands_on_a_token_the_distribution_allows():
+    s = Sampler(seed=2)
+    probs = np.zeros(50000)
+    probs[[3, 17, 49999]] = [0.2, 0.5, 0.3]
+    assert set(s.draw(probs) for _ in range(300)) == {3, 17, 49999}
+    with pytest.raises(VkdflashError, match="all-zero"):
+        s.draw(np.zeros(8))
+
+
 def test_top_p_smallest_prefix_reaching_p():
     p = np.array([0.1, 0.4, 0.2, 0.3])                  # sorted: 0.4 (1), 0.3 (3), 0.2 (2), 0.1 (0)
     x = _logits(p)
