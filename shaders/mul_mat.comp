@@ -38,24 +38,27 @@
 //! variant mul_mat_texel_norm TEXEL=1 NORM=1
 //! variant mul_mat_texel_rope_norm TEXEL=1 ROPE=1 NORM=1
 //! variant mul_mat_texel_glu_norm TEXEL=1 GLU=1 NORM=1
+//! each WTYPE f32=0u f16=1u q4_0=2u q4_1=3u q5_0=6u q5_1=7u q8_0=8u q4_k=12u q6_k=14u bf16=30u
 #extension GL_KHR_shader_subgroup_shuffle : enable
 #include "common.glsl"
 #include "types.glsl"
 
-layout(constant_id = 1) const uint TYPE = 0u;    // ggml type id of W
-layout(constant_id = 2) const uint SPLIT = 1u;   // lanes per row: power of two <= subgroup size
-layout(constant_id = 3) const uint NJ = 1u;      // activation rows per invocation
-layout(constant_id = 4) const uint WIDE = 0u;    // 1: 16-byte loads (not q6_k)
-layout(constant_id = 5) const uint XBCAST = 0u;  // x chunks shuffled, of XBCAST slots a load (SPLIT 1,
+// ggml type id of W: one module per type (`each` above), not a specialization constant; a module
+// holding every type's code took lavapipe 0.22-0.47 s to create a pipeline from, its own 0.15
+const uint TYPE = WTYPE;
+layout(constant_id = 1) const uint SPLIT = 1u;   // lanes per row: power of two <= subgroup size
+layout(constant_id = 2) const uint NJ = 1u;      // activation rows per invocation
+layout(constant_id = 3) const uint WIDE = 0u;    // 1: 16-byte loads (not q6_k)
+layout(constant_id = 4) const uint XBCAST = 0u;  // x chunks shuffled, of XBCAST slots a load (SPLIT 1,
                                                  // subgroup >= 8 XBCAST lanes)
 const uint XB = XBCAST > 1u ? XBCAST : 1u;
-layout(constant_id = 6) const uint TAIL = 0u;    // WIDE: blocks per row mod G
-layout(constant_id = 7) const uint JROLL = 0u;   // 1: a rolled loop over the NJ slots (compiles
+layout(constant_id = 5) const uint TAIL = 0u;    // WIDE: blocks per row mod G
+layout(constant_id = 6) const uint JROLL = 0u;   // 1: a rolled loop over the NJ slots (compiles
                                                  // ~60x faster on LLVM without XBCAST, runs slower)
-layout(constant_id = 8) const uint R = 1u;       // weight rows per lane (WIDE, 32-value blocks)
-layout(constant_id = 9) const uint TILE = 1u;    // rows per interleaved tile of W (and U)
-layout(constant_id = 10) const uint ISLOTS = 1u; // most slots (NJ) decoding and summing interleaved
-layout(constant_id = 11) const uint VEC = 0u;    // 1: a lane's output rows are stored as one vector
+layout(constant_id = 7) const uint R = 1u;       // weight rows per lane (WIDE, 32-value blocks)
+layout(constant_id = 8) const uint TILE = 1u;    // rows per interleaved tile of W (and U)
+layout(constant_id = 9) const uint ISLOTS = 1u;  // most slots (NJ) decoding and summing interleaved
+layout(constant_id = 10) const uint VEC = 0u;    // 1: a lane's output rows are stored as one vector
                                                  // (host: RO 2 or 4 dividing rows, row0, segments)
 
 #ifdef TEXEL

@@ -3,7 +3,11 @@
 
 A .comp declares its variants in lines of the form
     //! variant NAME DEFINE=VALUE ...
-(none: one variant named after the file). The manifest records a hash of each variant's
+(none: one variant named after the file), and may multiply them along one axis:
+    //! each DEFINE KEY=VALUE ...
+makes NAME_KEY of every variant with DEFINE=VALUE added (a constant the compiler folds, so each
+module holds only its own code: lavapipe spends most of a pipeline's creation on the module's
+size). The manifest records a hash of each variant's
 inputs (source, includes, defines, flags) so a test can tell when shipped SPIR-V is stale
 without needing a compiler.
 
@@ -30,6 +34,7 @@ MANIFEST = OUT / "manifest.json"
 FLAGS = ["--target-env=vulkan1.2", "-O", "-fshader-stage=compute"]
 INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"', re.M)
 VARIANT = re.compile(r"^//!\s*variant\s+(\S+)(.*)$", re.M)
+EACH = re.compile(r"^//!\s*each\s+(\S+)(.*)$", re.M)
 
 
 def includes(path: Path, seen: set | None = None) -> list[Path]:
@@ -43,8 +48,12 @@ def includes(path: Path, seen: set | None = None) -> list[Path]:
 
 
 def variants(comp: Path) -> list[tuple[str, list[str]]]:
-    found = [(name, args.split()) for name, args in VARIANT.findall(comp.read_text())]
-    return found or [(comp.stem, [])]
+    text = comp.read_text()
+    found = [(name, args.split()) for name, args in VARIANT.findall(text)] or [(comp.stem, [])]
+    for define, values in EACH.findall(text):
+        found = [(f"{name}_{key}", defines + [f"{define}={value}"])
+                 for name, defines in found for key, value in (kv.split("=", 1) for kv in values.split())]
+    return found
 
 
 def input_hash(comp: Path, defines: list[str]) -> str:

@@ -258,12 +258,12 @@ def _dispatch(graph, weight: Weight, piece, up_piece, x, y, n: int, cfg: MatmulC
     if texel:
         bound = [tex.get(i, v) for i, v in enumerate(bound)]
     shader = ("mul_mat" + ("_texel" if texel else "") + ("_glu" if up_piece else "") + ("_rope" if rope else "")
-              + ("_norm" if norm else ""))
+              + ("_norm" if norm else "") + "_" + weight.ttype.name)
     texels = texels if texel else ()
     rows_out = rl // 2 if up_piece else rl
     vec = _vec_stores(piece, rows_out, segments)
     # paired x loads need two slots (with one, lavapipe's code for XBCAST 2 ran 50x slower)
-    spec = (cfg.workgroup, weight.ttype.id, cfg.split, nj, wide, min(cfg.xbcast, nj), tail,
+    spec = (cfg.workgroup, cfg.split, nj, wide, min(cfg.xbcast, nj), tail,
             int(cfg.rolled_slots), rl, weight.tile, cfg.islots, int(vec))
     push = struct.pack("<12I", piece.rows, weight.cols, n, piece.first_row, weight.stride, *segments[0], *segments[1],
                        int(accumulate)) + (struct.pack("<2I", rope.head_dim, rope.n_rot // 2) if rope else b"") \
