@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -62,7 +63,7 @@ def test_batched_equals_token_by_token_bitwise(ctx0, tiny, arch):
     m.close()
 
 
-def test_a_prompt_runs_in_compiled_widths_while_compiling_its_own_would_cost_more(ctx0, tiny):
+def test_a_prompt_runs_in_compiled_widths_while_compiling_its_own_would_cost_more(ctx0, tiny, caplog):
     """A prompt (decoding follows) may run in passes of widths whose kernels are compiled: its
     own width only where that compile (priced as the 1-row family's) costs less than the passes
     it saves, at the kernels' guess times a timed 1-row pass. Same bits either way."""
@@ -71,8 +72,10 @@ def test_a_prompt_runs_in_compiled_widths_while_compiling_its_own_would_cost_mor
     want = whole.forward(PROMPT, capture=cap)
     m = Model(ctx0, mf, n_ctx=64)
     m.first_record[m._family(1, False)] = 1e3  # as if a width's kernels took 1000 s to compile
-    got = m.forward(PROMPT, capture=cap, prompt=True)
+    with caplog.at_level(logging.INFO, logger="vkdflash"):
+        got = m.forward(PROMPT, capture=cap, prompt=True)
     assert {key[0] for key in m.store.graphs} == {1}  # 12 one-row passes: no new width compiled
+    assert "prompt of 12 tokens in 1-row passes" in caplog.text  # -v says why
     assert np.array_equal(got.logits.view(np.uint32), want.logits.view(np.uint32))
     for key in want.hidden:
         assert np.array_equal(got.hidden[key].view(np.uint32), want.hidden[key].view(np.uint32))

@@ -141,16 +141,22 @@ class Model:
         logits, ids, hidden = [], [], {c: [] for c in capture}
         if capture:
             hidden["final"] = []
-        start = 0
+        start, widths = 0, []
         while start < tokens.size:
             left = tokens.size - start
             chunk = tokens[start:start + (self._prompt_width(left) if prompt and not all_logits else MAX_BATCH)]
             start += chunk.size
+            widths.append(chunk.size)
             last = start >= tokens.size
             rows, captured = self._run(chunk, all_logits, capture, greedy, need_logits=all_logits or last)
             (ids if greedy else logits).append(rows)
             for key, value in captured.items():
                 hidden[key].append(value)
+        if prompt and widths and max(widths) < min(tokens.size, MAX_BATCH):
+            log.info("prompt of %d tokens in %s-row passes: compiling kernels for wider ones would cost "
+                     "more than they save (priced as the 1-row kernels took, %.2f s)", tokens.size,
+                     "/".join(str(w) for w in sorted(set(widths), reverse=True)),
+                     self.first_record[self._family(1, False)])
         hidden = {k: np.concatenate(v) for k, v in hidden.items()}
         if greedy:
             return Output(None, hidden, np.concatenate(ids) if ids else np.zeros(0, np.uint32))
