@@ -196,7 +196,7 @@ class Model:
 
     def _prompt_width(self, left: int) -> int:
         """Rows of a prompt's next pass, `left` rows to go. A first pass of a new batch width
-        compiles its kernels (lavapipe: ~1 s, some 50 one-row passes of SmolLM2), and decoding
+        compiles its kernels (lavapipe: 0.5-1 s, 25-50 one-row passes of SmolLM2), and decoding
         compiles the 1-row ones anyway: so a prompt runs in the widest compiled width while that
         costs less than compiling its own would (priced as the 1-row family's compile, passes at
         the kernels' guess times a timed 1-row pass), or until what the narrower passes cost
