@@ -38,7 +38,7 @@
 //! variant mul_mat_texel_norm TEXEL=1 NORM=1
 //! variant mul_mat_texel_rope_norm TEXEL=1 ROPE=1 NORM=1
 //! variant mul_mat_texel_glu_norm TEXEL=1 GLU=1 NORM=1
-//! each WTYPE f32=0u f16=1u q4_0=2u q4_1=3u q5_0=6u q5_1=7u q8_0=8u q4_k=12u q6_k=14u bf16=30u
+//! each WTYPE f32=T_F32 f16=T_F16 q4_0=T_Q4_0 q4_1=T_Q4_1 q5_0=T_Q5_0 q5_1=T_Q5_1 q8_0=T_Q8_0 q4_k=T_Q4_K q6_k=T_Q6_K bf16=T_BF16
 #extension GL_KHR_shader_subgroup_shuffle : enable
 #include "common.glsl"
 #include "types.glsl"
