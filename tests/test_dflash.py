@@ -224,20 +224,20 @@ def test_every_draft_cache_write_goes_through_the_core_hook(ctx0, target, files)
         s = factory(sctx)
         out = m.forward(PROMPT, capture=s.capture_layers)
         sctx.tokens, sctx.new_hidden = list(PROMPT), out.hidden
-        s.begin(sctx)                       # inject 10 positions
-        s.propose(sctx, 1, 4)               # block of 5 rows
+        s.begin(sctx)                       # 10 positions, injected when a proposal needs them
+        s.propose(sctx, 1, 4)               # inject them 5 rows a pass (the block's width), then the block
         out = m.forward([1, 2], capture=s.capture_layers)
         sctx.new_start, sctx.tokens, sctx.new_hidden = 10, sctx.tokens + [1, 2], out.hidden
-        s.commit(sctx)                      # 2 positions, injected when a proposal needs them
-        s.propose(sctx, 3, 4)               # inject 2 positions, then the block of 5 rows again
+        s.commit(sctx)                      # 2 positions
+        s.propose(sctx, 3, 4)               # inject 7..11 (5 rows again), then the block
         s.close()
         sctx.close()
         m.close()
     finally:
         manager().unregister(name="dflash-test-observer")
     draft = [w for w in observer.writes if w[0] == "dflash draft"]
-    # each graph's writes, as it is recorded (a replay of the 5-row block's graph records nothing)
-    assert [(layer, n) for _, layer, n, _, _ in draft] == [(0, 10), (1, 10), (0, 5), (1, 5), (0, 2), (1, 2)]
+    # each graph's writes, as it is recorded (replays of the 5-row graphs record nothing)
+    assert [(layer, n) for _, layer, n, _, _ in draft] == [(0, 5), (1, 5), (0, 5), (1, 5)]
     assert all(w[3:] == (64, 64) for w in draft)
 
 
@@ -318,6 +318,48 @@ def test_held_positions_are_injected_no_wider_than_a_block(ctx0, target, ref_wei
     sctx.close()
     model.close()
     draft.close()
+
+
+def test_commits_go_in_widths_the_draft_runs_with_the_same_bits(ctx0, target, ref_weights, files):
+    """A drafting step commits 1..k+1 positions, and an injection pass of a new width compiled the
+    draft's matmul kernels for its family (lavapipe: ~0.3 s each, two or three a family; 1.1 s of a
+    48-token run at k 1). Commits go in the widths the draft's blocks run, a remainder widened
+    backwards over positions injected before; a draft that also runs 1-row passes injects each
+    1-row commit as it is. Every proposal's logits are the same bits, with a quantized draft cache."""
+    path = write_dflash(files["dir"] / "bs4-widths.gguf", files["target"], block_size=4)
+    model = Model(ctx0, target, n_ctx=64)
+    drafts = []
+    for narrow in (False, True):
+        sctx = strategy_ctx(ctx0, model, path, draft_max=3, cache_type_k="q4_0", cache_type_v="q4_0")
+        s = factory(sctx)
+        if narrow:
+            s.widths.add(1)
+        drafts.append((sctx, s))
+    tgt, layers = RefModel(ref_weights, n_ctx=64), drafts[0][1].capture_layers
+    hidden = tgt.forward(PROMPT + SEQUENCE[:9], capture_layers=layers).hidden
+    for sctx, s in drafts:
+        sctx.tokens, sctx.new_start, sctx.new_hidden = list(PROMPT), 0, {i: h[:10] for i, h in hidden.items()}
+        s.begin(sctx)
+    logits = [[], []]
+    at = len(PROMPT)
+    for step, n in enumerate([1, 2, 1, 1, 3, 1]):  # positions committed after each proposal of 1 draft
+        for (sctx, s), out in zip(drafts, logits):
+            s.propose(sctx, SEQUENCE[step], 1)
+            out.append(s.logits.read(np.float32, s.n_out).copy())
+            sctx.new_start, sctx.tokens = at, sctx.tokens + SEQUENCE[at - 10:at - 10 + n]
+            sctx.new_hidden = {i: h[at:at + n] for i, h in hidden.items()}
+            s.commit(sctx)
+        at += n
+    for (sctx, s), out in zip(drafts, logits):
+        s.propose(sctx, 7, 1)
+        out.append(s.logits.read(np.float32, s.n_out).copy())
+    widened, narrow = (sorted(n for kind, n in s.store.graphs if kind == "inject") for _, s in drafts)
+    assert widened == [2] and narrow == [1, 2]
+    assert all(np.array_equal(a, b) for a, b in zip(*logits)) and len(logits[0]) == 7
+    for sctx, s in drafts:
+        s.close()
+        sctx.close()
+    model.close()
 
 
 def test_propose_refuses_a_context_it_has_not_seen(ctx0, target, files):

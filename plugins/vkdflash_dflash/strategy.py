@@ -60,7 +60,8 @@ class DFlash(Strategy):
             self.close()
             raise
         self.draft.close()  # every tensor now lives in device buffers
-        self.n_injected, self.pending, self.drafting = 0, [], False
+        self.n_injected, self.pending, self.drafting, self.tail = 0, [], False, None
+        self.widths: set = set()  # rows of the passes this draft has run: their kernels are compiled
         log.info("dflash draft %s: %d layers, block size %d, target layers %s, mask token %d, %s embedding, "
                  "%s LM head over %s%s", path, hp.n_layer, hp.block_size, list(hp.target_layers),
                  hp.mask_token_id, "own" if hp.own_embd else "target's", "own" if hp.own_output else "target's",
@@ -130,7 +131,7 @@ class DFlash(Strategy):
 
     # -- the strategy API -----------------------------------------------------------
     def begin(self, ctx) -> None:
-        self.n_injected, self.pending, self.drafting = 0, [], False
+        self.n_injected, self.pending, self.drafting, self.tail = 0, [], False, None
         self.rng = np.random.default_rng(ctx.seed)  # draws the drafts when the request samples
         self._inject(ctx)
 
@@ -154,19 +155,37 @@ class DFlash(Strategy):
             self._flush()
 
     def _flush(self) -> None:
-        """Inject every committed position still pending, a block's rows at most a pass: a step
-        commits no more, and every width family compiles its own matmul kernels (lavapipe: ~0.6 s
-        each), where held positions pile up in any width."""
+        """Inject every committed position still pending, in passes of widths this draft already
+        runs: every width family compiles its own matmul kernels (lavapipe: ~0.3 s each, two or
+        three a family), a drafting step commits 1..k+1 positions, and a k-draft block compiles
+        the (k+1)-row family anyway. A remainder no such width covers exactly goes in the
+        narrowest one that does, widened backwards over positions injected before: their
+        features give the same bits again (a row's result does not depend on the pass's width).
+        Before any block has run, a block's rows a pass (held positions pile up in any number)."""
         if not self.pending:
             return
         start, feats = self.pending[0][0], np.concatenate([f for _, f in self.pending])
         self.pending = []
-        rows = min(INJECT_ROWS, self.hp.block_size)
-        for first in range(0, len(feats), rows):
-            chunk = np.ascontiguousarray(feats[first:first + rows])
-            self.feat.write(chunk)
-            self.pos.write(np.arange(start + first, start + first + len(chunk), dtype=np.uint32))
-            self._graph(("inject", len(chunk))).run()
+        first, known = start, feats
+        if self.tail is not None and self.tail[0] + len(self.tail[1]) == start:
+            first, known = self.tail[0], np.concatenate([self.tail[1], feats])
+        end, block = start + len(feats), self.hp.block_size
+        widths = sorted(w for w in self.widths if w <= block) or [min(INJECT_ROWS, block)]
+        at = start
+        while at < end:
+            fits = [w for w in widths if w >= end - at and end - w >= first]
+            w = min(fits) if fits else max([w for w in widths if w <= end - at] or [end - at])
+            at = end - w if fits else at
+            self._inject_rows(at, known[at - first:at - first + w])
+            at += w
+        keep = min(len(known), block)
+        self.tail = (end - keep, known[len(known) - keep:])
+
+    def _inject_rows(self, at: int, feats: np.ndarray) -> None:
+        self.widths.add(len(feats))
+        self.feat.write(np.ascontiguousarray(feats))
+        self.pos.write(np.arange(at, at + len(feats), dtype=np.uint32))
+        self._graph(("inject", len(feats))).run()
 
     def propose(self, ctx, last_token: int, max_n: int) -> Proposal:
         P = len(ctx.tokens)
@@ -176,6 +195,7 @@ class DFlash(Strategy):
         if P != self.n_injected:
             raise VkdflashError(f"dflash drafts at position {P} but holds context for {self.n_injected}")
         self.drafting = True
+        self.widths.add(n + 1)  # this block's family: compiled now if it is not yet
         self._flush()
         self.ids.write(np.array([last_token] + [self.hp.mask_token_id] * n, np.uint32))
         self.pos.write(np.arange(P, P + n + 1, dtype=np.uint32))
