@@ -117,14 +117,27 @@ def test_bench_spec_needs_a_strategy_and_runs_one(model):
     assert res.exit_code == 1 and len(lines) == 1 and "no decoding to compare" in lines[0], res.output
 
 
+def measuring_pays(monkeypatch):
+    """Runs measure the verify curve after a few tokens: this tiny model's cheap passes never
+    repay the compiles of measuring."""
+    from vkdflash.spec.controller import DraftController
+    monkeypatch.setattr(DraftController, "measuring_pays", lambda self, room, seconds, passes: room >= 4)
+
+
 def test_the_verify_curve_is_measured_once_and_cached(model, tmp_path, monkeypatch):
     from vkdflash.spec import curve
     monkeypatch.setenv("VKDFLASH_CURVES", str(tmp_path / "verify-curves.json"))
     calls = []
-    real = curve.measure
-    monkeypatch.setattr(curve, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
-    # the measuring run compiles the widths it times; one long enough to repay recording a verify
-    # graph there (this tiny model's passes cost less) proposes
+    real = curve._rounds  # the timed rounds of a measurement, before the first token or mid-run
+    monkeypatch.setattr(curve, "_rounds", lambda *a, **k: calls.append(1) or real(*a, **k))
+    # a strategy asked for by name measures no sooner than one on by default: a short run would
+    # pay the compiles of wider passes (a cold `--spec dflash` run on lavapipe: 9.0 s against 4.8)
+    res = generate(model, "--spec", "ngram")
+    assert res.exit_code == 0 and "verify cost unmeasured: measuring it" in res.output, res.output
+    assert calls == [] and not (tmp_path / "verify-curves.json").exists()
+    # a run whose tokens repay measuring measures; it compiles the widths it times, and, long
+    # enough to repay recording a verify graph there, proposes
+    measuring_pays(monkeypatch)
     res = generate(model, "--spec", "ngram", "-n", "50")
     assert res.exit_code == 0 and "drafted 0," not in res.output, res.output
     for _ in range(2):
@@ -199,7 +212,9 @@ def test_a_run_heals_a_stale_cached_curve(model, tmp_path, monkeypatch):
     machine) comes back near what the passes cost now (from widths timed 8 times or more)."""
     file = tmp_path / "verify-curves.json"
     monkeypatch.setenv("VKDFLASH_CURVES", str(file))
-    assert generate(model, "--spec", "ngram", "-c", "24").exit_code == 0
+    with monkeypatch.context() as patch:
+        measuring_pays(patch)
+        assert generate(model, "--spec", "ngram", "-c", "24").exit_code == 0
     ((key, measured),) = [(k, v) for k, v in json.loads(file.read_text()).items() if "|strategy " not in k]
     file.write_text(json.dumps({key: {n: 100 * s for n, s in measured.items()}}))
     res = generate(model, "--spec", "ngram", "-n", "40")

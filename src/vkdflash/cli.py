@@ -182,8 +182,7 @@ def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, sto
         from .spec import SpecStats
         stats, spec_stats = Stats(), SpecStats()
         name = spec_request.resolve_for(model.mf, model.ctx.features.device_type)
-        speculator = build_speculator(model, spec_request, name, not no_kv_rotation, spec_stats,
-                                      lazy_curve=not (spec_request.spec or spec_request.draft_model))
+        speculator = build_speculator(model, spec_request, name, not no_kv_rotation, spec_stats, lazy_curve=True)
         stream = TextStream()
         try:
             if not chat:

@@ -134,8 +134,8 @@ def spec_options(f):
 def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats, lazy_curve: bool = False):
     """A Speculator for strategy `name` (from request.resolve()), or None for plain decoding.
     lazy_curve: with no verify curve cached, measure it only once as many tokens as the request
-    has generated could repay that (speculation on by default must not make a short run slower
-    than plain decoding); else before the first token."""
+    has generated could repay that (speculation, on by default or asked for, must not make a
+    short run much slower than plain decoding); else before the first token (benchmarks)."""
     if name == "none":
         return None
     from .plugins import lookup
