@@ -170,7 +170,7 @@ class DFlash(Strategy):
         if self.tail is not None and self.tail[0] + len(self.tail[1]) == start:
             first, known = self.tail[0], np.concatenate([self.tail[1], feats])
         end, block = start + len(feats), self.hp.block_size
-        widths = sorted(w for w in self.widths if w <= block) or [min(INJECT_ROWS, block)]
+        widths = self.widths or {min(INJECT_ROWS, block)}  # every width run is a block's at most
         at = start
         while at < end:
             fits = [w for w in widths if w >= end - at and end - w >= first]
