@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from gguf_fixtures import write_model
+from vkdflash.errors import VkdflashError
 from vkdflash.generate import Stats, generate
 from vkdflash.model import load_model
 from vkdflash.model.forward import Model
@@ -118,8 +119,7 @@ class Invalid(Strategy):
     lambda ctx: Invalid(lambda n: [10 ** 6]),
     lambda ctx: Invalid(lambda n: [1] * (n + 1)),
     lambda ctx: Invalid(lambda n: ["a"]),
-    lambda ctx: 1 / 0,
-], ids=["raises", "out-of-vocab", "too-many", "not-int", "factory-raises"])
+], ids=["raises", "out-of-vocab", "too-many", "not-int"])
 def test_faulty_strategy_is_switched_off_and_output_stays_correct(target, factory, caplog):
     model, tok = target
     plain, _ = run(model, tok)
@@ -127,6 +127,14 @@ def test_faulty_strategy_is_switched_off_and_output_stays_correct(target, factor
     assert got == plain
     assert stats.disabled and "\n" not in stats.disabled
     assert any("switched off" in r.getMessage() for r in caplog.records)
+
+
+def test_a_strategy_that_cannot_start_is_one_error_line(target, caplog):
+    model, _ = target
+    with pytest.raises(VkdflashError) as err:
+        Speculator(model, "broken", lambda ctx: 1 / 0, StrategyOptions(draft_max=4), SpecStats())
+    assert str(err.value) == "strategy broken could not start: start raised ZeroDivisionError: division by zero"
+    assert not [r for r in caplog.records if "division by zero" in r.getMessage()]  # said once, as the error
 
 
 def test_verifier_greedy_prefix():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from click.testing import CliRunner
@@ -56,8 +57,10 @@ def test_a_spec_option_reaches_the_strategy_and_output_stays_identical(model):
 @pytest.mark.parametrize("opt,words", [("ngram.x=1", ["no option 'x'", "n"]), ("ngram.n=abc", ["not a valid int"]),
                                        ("dflash.n=1", ["is for dflash", "ngram"]), ("n=1", ["NAME.KEY=VALUE"]),
                                        ("ngram.n=0", ["could not start", "at least 1"])])
-def test_bad_spec_options_are_one_line_errors(model, opt, words):
+def test_bad_spec_options_are_one_line_errors(model, opt, words, caplog):
     one_line_error(generate(model, "--spec", "ngram", "--spec-opt", opt), *words)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and words[-1] in r.getMessage()]
+    assert not said, said  # a strategy that cannot start is the error line alone, not a warning before it
 
 
 def test_spec_type_takes_any_alias_and_unknown_names_are_refused(model):

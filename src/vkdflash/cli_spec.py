@@ -158,7 +158,4 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
         control = DraftController(request.draft_max, curve, persist=lambda curve: remember(model, curve),
                                   width=model.pass_width, guess=model.pass_cost_guess)
         costs = StrategyCosts(model, name, request.draft_model)
-    spec = Speculator(model, name, lookup(name).factory, options, stats, control, measure, costs)
-    if spec.strategy is None:  # the factory itself failed: that is the user's error, say it once
-        raise VkdflashError(f"strategy {name} could not start: {stats.disabled}")
-    return spec
+    return Speculator(model, name, lookup(name).factory, options, stats, control, measure, costs)

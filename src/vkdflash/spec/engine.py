@@ -76,8 +76,10 @@ class Speculator:
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
         self.strategy = None
-        self.strategy = self._guard("start", lambda: factory(self.ctx))
-        self.capture = tuple(getattr(self.strategy, "capture_layers", ())) if self.strategy else ()
+        self.strategy = self._guard("start", lambda: factory(self.ctx), say=False)
+        if self.strategy is None:  # the user's error (a bad draft file or option): said once, as the error
+            raise VkdflashError(f"strategy {name} could not start: {stats.disabled or 'its factory returned nothing'}")
+        self.capture = tuple(getattr(self.strategy, "capture_layers", ()))
         expected = getattr(self.strategy, "expected_first_acceptance", None)
         if expected:
             self.control.expect(expected)  # the draft's own record: the controller's first guess
@@ -96,20 +98,21 @@ class Speculator:
                      "%.2f s, proposals of k drafts %s", name, self._first_seconds,
                      ", ".join(f"{k}: {1000 * s:.1f} ms" for k, s in sorted(drafts.items())) or "untimed")
 
-    def _guard(self, what: str, call):
+    def _guard(self, what: str, call, say: bool = True):
         """Run a strategy call; on any exception switch the strategy off (one line, no traceback)."""
         try:
             return call()
         except VkdflashError as exc:  # already the user's one line (e.g. a malformed draft file)
-            self._disable(str(exc))
+            self._disable(str(exc), say)
         except Exception as exc:  # noqa: BLE001 -- a plugin must never take generation down
-            self._disable(f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+            self._disable(f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}", say)
         return None
 
-    def _disable(self, why: str) -> None:
+    def _disable(self, why: str, say: bool = True) -> None:
         if self.stats.disabled:
             return
-        log.warning("strategy %s switched off for this request: %s", self.stats.strategy, why)
+        if say:
+            log.warning("strategy %s switched off for this request: %s", self.stats.strategy, why)
         self.stats.disabled = why
         strategy, self.strategy = self.strategy, None
         if strategy is not None:
