@@ -137,6 +137,14 @@ def test_a_strategy_that_cannot_start_is_one_error_line(target, caplog):
     assert not [r for r in caplog.records if "division by zero" in r.getMessage()]  # said once, as the error
 
 
+def test_the_stats_line_reports_acceptance_only_for_drafts_made():
+    stats = SpecStats(strategy="dflash", draft_max=7)
+    assert "drafted 0, so no acceptance to report" in stats.line() and "0.0%" not in stats.line()
+    stats.record(4, 2)
+    stats.record(2, 0)
+    assert "drafted 6, accepted 2 (33.3%), tau 2.00, per position [0.50 0.50 0.00 0.00]" in stats.line()
+
+
 def test_verifier_greedy_prefix():
     logits = np.zeros((4, 10))
     for row, best in enumerate([3, 5, 7, 9]):

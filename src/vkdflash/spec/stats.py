@@ -47,11 +47,15 @@ class SpecStats:
                 "disabled": self.disabled or None, "draft_length": self.draft_length or None}
 
     def line(self) -> str:
-        per_pos = " ".join(f"{a / self.steps:.2f}" for a in self.per_position[:8]) if self.steps else "-"
-        text = (f"spec {self.strategy} (draft max {self.draft_max}): drafted {self.drafted}, accepted "
-                f"{self.accepted} ({100 * self.acceptance_rate:.1f}%), tau {self.tau:.2f}, per position "
-                f"[{per_pos}{' ...' if len(self.per_position) > 8 else ''}], time verify {self.verify_seconds:.2f}s "
-                f"draft {self.draft_seconds:.2f}s inject {self.inject_seconds:.2f}s")
+        text = f"spec {self.strategy} (draft max {self.draft_max}): drafted {self.drafted}, "
+        if self.steps:  # with nothing drafted, "accepted 0 (0.0%)" would read as a draft that is always wrong
+            per_pos = " ".join(f"{a / self.steps:.2f}" for a in self.per_position[:8])
+            text += (f"accepted {self.accepted} ({100 * self.acceptance_rate:.1f}%), tau {self.tau:.2f}, per position "
+                     f"[{per_pos}{' ...' if len(self.per_position) > 8 else ''}], ")
+        else:
+            text += "so no acceptance to report, "
+        text += (f"time verify {self.verify_seconds:.2f}s draft {self.draft_seconds:.2f}s "
+                 f"inject {self.inject_seconds:.2f}s")
         d = self.draft_length
         if d:
             text += f"; draft length {d['mode']}: mean k {d['mean_k']:.1f}"
