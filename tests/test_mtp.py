@@ -142,9 +142,9 @@ def test_no_heads_anywhere(ctx0, files, caplog):
         MTP(context(ctx0, model))
     assert str(info.value) == NO_HEADS == ("mtp needs next-n heads: the target has none and no -md sidecar "
                                            "was given")
-    stats = SpecStats()  # through the engine: switched off in one line, generation goes on
-    Speculator(model, "mtp", MTP, StrategyOptions(), stats).close()
-    assert NO_HEADS in stats.disabled
+    with pytest.raises(VkdflashError) as info:  # through the engine: the one error line, naming why
+        Speculator(model, "mtp", MTP, StrategyOptions(), SpecStats())
+    assert str(info.value) == f"strategy mtp could not start: {NO_HEADS}"
     model.close()
 
 
