@@ -140,9 +140,12 @@ def test_a_strategy_that_cannot_start_is_one_error_line(target, caplog):
 def test_the_stats_line_reports_acceptance_only_for_drafts_made():
     stats = SpecStats(strategy="dflash", draft_max=7)
     assert "drafted 0, so no acceptance to report" in stats.line() and "0.0%" not in stats.line()
+    stats.draft_length = {"mode": "cost-aware", "mean_k": 0.0}
+    assert stats.line().endswith("mean k 0.0 (--draft-fixed drafts whatever it costs)")
     stats.record(4, 2)
     stats.record(2, 0)
     assert "drafted 6, accepted 2 (33.3%), tau 2.00, per position [0.50 0.50 0.00 0.00]" in stats.line()
+    assert "--draft-fixed" not in stats.line()
 
 
 def test_verifier_greedy_prefix():

@@ -67,4 +67,6 @@ class SpecStats:
                 text += (f", {d['held_for_setup']} steps drafted less than the rate asked: the kernels of a "
                          "longer verify (or of the strategy's first proposal) would take longer to compile than "
                          "as many tokens as were generated would save")
+            if not self.drafted and d["mode"] == "cost-aware":
+                text += " (--draft-fixed drafts whatever it costs)"
         return text + (f"; switched off: {self.disabled}" if self.disabled else "")
