@@ -56,6 +56,13 @@ def target_view(model) -> TargetView:
     return TargetView(model.hp, model.embd, model.output, model.output_norm, model.cache.n_ctx, model.mf)
 
 
+def _why(what: str, exc: Exception) -> str:
+    """One line for a strategy call that raised."""
+    if isinstance(exc, VkdflashError):  # already the user's one line (e.g. a malformed draft file)
+        return str(exc)
+    return f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+
 class Speculator:
     def __init__(self, model, name: str, factory, options, stats: SpecStats, control: DraftController | None = None,
                  measure=None, costs=None):
@@ -75,10 +82,12 @@ class Speculator:
         self._warned = False
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
-        self.strategy = None
-        self.strategy = self._guard("start", lambda: factory(self.ctx), say=False)
-        if self.strategy is None:  # the user's error (a bad draft file or option): said once, as the error
-            raise VkdflashError(f"strategy {name} could not start: {stats.disabled or 'its factory returned nothing'}")
+        try:  # a start that fails is the user's error (a bad draft file or option): said once, as the error
+            self.strategy = factory(self.ctx)
+        except Exception as exc:  # noqa: BLE001 -- one line, never a plugin's traceback
+            raise VkdflashError(f"strategy {name} could not start: {_why('start', exc)}") from None
+        if self.strategy is None:
+            raise VkdflashError(f"strategy {name} could not start: its factory returned nothing")
         self.capture = tuple(getattr(self.strategy, "capture_layers", ()))
         expected = getattr(self.strategy, "expected_first_acceptance", None)
         if expected:
@@ -98,21 +107,18 @@ class Speculator:
                      "%.2f s, proposals of k drafts %s", name, self._first_seconds,
                      ", ".join(f"{k}: {1000 * s:.1f} ms" for k, s in sorted(drafts.items())) or "untimed")
 
-    def _guard(self, what: str, call, say: bool = True):
+    def _guard(self, what: str, call):
         """Run a strategy call; on any exception switch the strategy off (one line, no traceback)."""
         try:
             return call()
-        except VkdflashError as exc:  # already the user's one line (e.g. a malformed draft file)
-            self._disable(str(exc), say)
         except Exception as exc:  # noqa: BLE001 -- a plugin must never take generation down
-            self._disable(f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}", say)
+            self._disable(_why(what, exc))
         return None
 
-    def _disable(self, why: str, say: bool = True) -> None:
+    def _disable(self, why: str) -> None:
         if self.stats.disabled:
             return
-        if say:
-            log.warning("strategy %s switched off for this request: %s", self.stats.strategy, why)
+        log.warning("strategy %s switched off for this request: %s", self.stats.strategy, why)
         self.stats.disabled = why
         strategy, self.strategy = self.strategy, None
         if strategy is not None:
