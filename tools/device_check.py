@@ -11,8 +11,9 @@ the ~30 MiB working tree, while the default model is 94 MiB).
 Stage 1 unpacks the loader, installs the wheels and the package's entry points (no build: the
 sources run from src/ and plugins/), then runs `devices` and `conformance`; stage 2 the kernel
 benchmark and the device-generic tests; stage 3 joins the model (sha256 checked) and runs
-`bench model --profile --verify-curve`, `bench spec` for ngram, mtp and dflash, and a cold
-`generate --spec dflash`, the issue-10 check where verify is nearly free. Every step has a time
+`bench model --profile --verify-curve`, `bench spec` for ngram, mtp and dflash, a cold
+`generate --spec dflash` (the issue-10 check, where verify is nearly free), the model tests and
+six suite prompts at three draft cache types. Every step has a time
 limit; one that fails or hangs is logged and the next runs. Each stage ends with a summary on
 stdout (what the tool shows) and leaves log.txt and JSON in $OUT."""
 from __future__ import annotations
@@ -177,6 +178,9 @@ def stage(n: int, out: Path) -> None:
                timeout=60, stdout_to="generate-dflash.txt")
         st.step("model tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                 *(tests / t for t in MODEL_TESTS), "--junitxml", out / "model-tests.xml"], 120)
+        st.cli("suite (6 prompts, greedy)", "bench", "spec", "--suite", "default", "--suite-prompts", "6",
+               "--suite-temps", "0", "--suite-cache-types", "f16,q8_0,q4_0", "--suite-runs", "dflash:7,mtp:2",
+               "--json", out / "suite.json", timeout=150)
         st.summary += figures(out)
     st.finish()
 
@@ -198,6 +202,11 @@ def figures(out: Path) -> list[str]:
                          f"tau {r['spec']['tau']:.2f}" + ("" if k is None else f", mean k {k:.2f}"))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             lines.append(f"bench spec {name}: no figures ({exc!r})")
+    try:
+        for r in json.loads((out / "suite.json").read_text())["runs"]:
+            lines.append(f"suite {r['strategy']} {r['cache']}: acceptance {r['acceptance']:.3f}, tau {r['tau']:.2f}")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        lines.append(f"suite: no figures ({exc!r})")
     return lines
 
 
