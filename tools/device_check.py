@@ -28,6 +28,8 @@ import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
+from bench_record import REPEATING_CODE, spec_figures  # this folder: the record's prompt and figures
+
 ROOT = Path(__file__).resolve().parent.parent
 DEV = ROOT / ".device"
 CALL_LIMIT = 64 << 20  # bytes one call carries, working tree included
@@ -169,8 +171,6 @@ def stage(n: int, out: Path) -> None:
     elif join_model(st):
         st.cli("bench model", "bench", "model", "--profile", "--verify-curve", "--json", out / "bench-model.json",
                timeout=90)
-        sys.path.insert(0, str(ROOT / "tools"))
-        from bench_record import REPEATING_CODE
         for name, extra in (("ngram", ("-p", REPEATING_CODE, "--draft-max", "16")), ("mtp", ()), ("dflash", ())):
             st.cli(f"bench spec {name}", "bench", "spec", "--spec", name, *extra, "-n", "128", "--reps", "3",
                    "--json", out / f"spec-{name}.json", timeout=90)
@@ -196,10 +196,9 @@ def figures(out: Path) -> list[str]:
         lines.append(f"bench model: no figures ({exc!r})")
     for name in ("ngram", "mtp", "dflash"):
         try:
-            r = json.loads((out / f"spec-{name}.json").read_text())
-            k = (r["spec"]["draft_length"] or {}).get("mean_k")
-            lines.append(f"{name}: {r['speedup']:.2f}x plain ({r['none_tps']:.1f} -> {r['spec_tps']:.1f} tok/s), "
-                         f"tau {r['spec']['tau']:.2f}" + ("" if k is None else f", mean k {k:.2f}"))
+            f = spec_figures(json.loads((out / f"spec-{name}.json").read_text()))
+            lines.append(f"{name}: {f['speedup']:.2f}x plain ({f['plain_tps']:.1f} -> {f['spec_tps']:.1f} tok/s), "
+                         f"tau {f['tau']:.2f}" + ("" if f["mean_k"] is None else f", mean k {f['mean_k']:.2f}"))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             lines.append(f"bench spec {name}: no figures ({exc!r})")
     try:
