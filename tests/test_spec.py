@@ -615,3 +615,24 @@ def test_a_strategys_costs_are_kept_per_draft_file(target, tmp_path):
     own, first = curve.StrategyCosts(model, "mtp").key, curve.StrategyCosts(model, "mtp", str(draft)).key
     draft.write_bytes(b"x" * 20)
     assert len({own, first, curve.StrategyCosts(model, "mtp", str(draft)).key}) == 3
+
+
+def test_a_fixed_length_run_prices_its_strategy_for_the_next_run(target, tmp_path, monkeypatch):
+    """--draft-fixed times the same proposals as the controller: a user who measures acceptance that
+    way first must not leave the next cost-aware run pricing a stale first proposal."""
+    from vkdflash.cli_spec import SpecRequest, build_speculator
+    from vkdflash.spec import curve
+    from vkdflash.spec.engine import COLD_PROPOSALS
+    monkeypatch.setenv("VKDFLASH_CURVES", str(tmp_path / "curves.json"))
+    monkeypatch.setattr(curve, "_proposed", type(curve._proposed)())
+    model, tok = target
+    request = SpecRequest("ngram", None, 2, 0.0, "f16", "f16", (), draft_fixed=True)
+    stats = SpecStats()
+    spec = build_speculator(model, request, "ngram", True, stats)
+    assert spec.control.fixed
+    list(generate(model, tok, PROMPT * 3, 24, Sampler(temp=0.0), (), Stats(), spec))
+    spec.close()
+    assert stats.steps > COLD_PROPOSALS + 3 and stats.drafted > 0
+    curve._proposed.clear()  # a new process
+    priced = curve.StrategyCosts(model, "ngram")
+    assert priced.first_seconds() > 0 and set(priced.drafts()) == {2}

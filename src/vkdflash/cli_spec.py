@@ -146,7 +146,9 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
     options = StrategyOptions(draft_model=request.draft_model, draft_max=request.draft_max, p_min=request.draft_p_min,
                               cache_type_k=request.ctkd, cache_type_v=request.ctvd, rotate=rotate,
                               settings=request.settings(name))
-    measure = costs = None
+    measure = None
+    # a fixed length's proposals cost what they cost under the controller: timed, they price its next run
+    costs = StrategyCosts(model, name, request.draft_model)
     if request.draft_fixed:
         control = DraftController(request.draft_max, {1: 1.0}, fixed=True)
     else:
@@ -157,5 +159,4 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
             measure = functools.partial(measure_here, model, cache=True)
         control = DraftController(request.draft_max, curve, persist=lambda curve: remember(model, curve),
                                   width=model.pass_width, guess=model.pass_cost_guess)
-        costs = StrategyCosts(model, name, request.draft_model)
     return Speculator(model, name, lookup(name).factory, options, stats, control, measure, costs)
