@@ -102,7 +102,7 @@ class Speculator:
                  "fixed" if self.control.fixed else "cost-aware", self.control.first_prior,
                  "the draft's record" if expected else "no record", options.p_min, list(self.capture) or "none",
                  options.cache_type_k, options.cache_type_v)
-        if self._first_seconds or drafts:
+        if (self._first_seconds or drafts) and not self.control.fixed:  # a fixed length prices nothing
             log.info("%s as an earlier run here measured it (priced until this run times it): first proposal "
                      "%.2f s, proposals of k drafts %s", name, self._first_seconds,
                      ", ".join(f"{k}: {1000 * s:.1f} ms" for k, s in sorted(drafts.items())) or "untimed")
