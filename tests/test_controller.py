@@ -624,3 +624,30 @@ def test_a_longer_draft_is_tried_only_where_the_kernels_guess_says_it_could_pay(
     assert not tried(priced, 0.5) & {3, 7}
     stale = {n: s * (1 if n == 1 else 2) for n, s in priced.items()}  # n-row passes cached 2x dearer
     assert max(tried(stale, 0.9)) >= 3
+
+
+def test_a_run_that_contradicts_the_drafts_record_is_priced_by_its_own_rate():
+    """The negative control (unrotated injection into a q4_0 draft cache): the shipped DFlash
+    draft's record says a_1 0.43 and the run got ~0.1; the record's 8 pseudo-counts outweighed
+    the decayed evidence, so it kept drafting through a 128-token run at 0.93x plain and was never
+    switched off. Fewer first drafts accepted than a draft of the record's a_1 gets 0.2% of the
+    time now drop the record: a_1 starts from the run's rate, and where no length pays there, it
+    stops. A run like its record keeps it; a fixed length prices nothing, so drops nothing."""
+    def run(accepted_at, drafts: int, fixed: bool = False):
+        c = DraftController(1, LAVAPIPE, fixed=fixed)
+        c.expect(0.43)
+        for i in range(drafts):
+            c.update(1, 1, int(accepted_at(i)), LAVAPIPE[2], 0.003)
+            c.note_overhead(0.00002)
+        return c
+
+    c = run(lambda i: i % 8 == 0, 23)  # every eighth first draft right: 3 of 23
+    assert c.disowned is None and c.record == 0.43 and c.stop_reason() is None
+    c = run(lambda i: i % 8 == 0, 24)
+    assert c.disowned.startswith("3 of its 24 first drafts accepted") and c.record is None
+    assert c.first_prior == 0.125 and c.expected == 0.43 and c.summary()["record_dropped"] == c.disowned
+    assert "no draft length pays at the a_1 it expects (0.12)" in c.stop_reason()
+    c = run(lambda i: i * 43 % 100 < 43, 400)  # 0.43, evenly spread
+    assert c.disowned is None and c.record == 0.43 and c.stop_reason() is None
+    c = run(lambda i: False, 40, fixed=True)
+    assert c.disowned is None and c.record == 0.43

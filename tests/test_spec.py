@@ -274,6 +274,34 @@ def test_watchdog_warns_once_when_acceptance_falls_far_below_the_record(target, 
     assert not [r for r in caplog.records if "far below" in r.getMessage()]
 
 
+def test_a_strategy_switched_off_against_its_record_says_what_may_be_wrong(target, caplog):
+    """The controller drops a draft's record once the run's first drafts contradict it (design.md
+    11), often before the watchdog has steps enough to warn: the switch-off line then names the
+    causes the watchdog would have, and the log says when and why the record stopped counting."""
+    from vkdflash.spec.controller import DraftController
+
+    class CheapVerify(DraftController):
+        """A pass of 2 rows costs 1.1 of 1 (drafting at a_1 0.9 pays), whatever this model measures."""
+        def update(self, k, drafted, accepted, verify_seconds, draft_seconds):
+            super().update(k, drafted, accepted, 0.01 + 0.001 * drafted, 0.0001 if k else None)
+
+    model, tok = target
+    stats = SpecStats()
+    options = StrategyOptions(draft_max=1, cache_type_k="q4_0")
+    with caplog.at_level(logging.INFO, logger="vkdflash"):
+        spec = Speculator(model, "test", lambda ctx: Recorded(0.9), options, stats,
+                          CheapVerify(1, {n: 0.01 + 0.001 * (n - 1) for n in (1, 2, 4)}))
+        list(generate(model, tok, PROMPT, 40, Sampler(temp=0.0), (), Stats(), spec))
+        spec.close()
+    dropped = [r.getMessage() for r in caplog.records if "first drafts accepted" in r.getMessage()]
+    assert dropped == ["test: 0 of its 3 first drafts accepted, which a draft of its record's a_1 0.90 gets "
+                       "under 0.2% of the time: drafts are priced at this run's 0.00 from now on"]
+    assert stats.steps < 24 and not [r for r in caplog.records if "far below" in r.getMessage()]
+    assert stats.disabled.startswith("none of its 4 drafts") and stats.disabled.endswith(
+        "its record's a_1 is 0.90: likely causes: the quantized draft cache (K q4_0, V f16, KV rotation on), "
+        "or prompts unlike its training data")
+
+
 def test_the_model_says_what_a_first_pass_of_a_size_costs_beyond_running_it(target):
     """0 once recorded; recording only where a pass of the same kernels (family: batch width and
     whether every row's logits are kept) exists; else compiling: as the cheapest family compile

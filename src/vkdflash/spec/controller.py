@@ -7,7 +7,9 @@ a_j: the running probability that draft j is accepted given drafts 1..j-1 were (
 per position, so it follows the text; a position with little evidence leans on the one before
 it, so after drafts 1..j keep being accepted the choice reaches for j + 1). a_1 starts from what
 the draft measured on its own suite where it knows (`expect`), else 0.5: the shipped DFlash
-draft (a_1 0.25) then starts plain on lavapipe instead of drafting 3 steps to learn it.
+draft (a_1 0.25) then starts plain on lavapipe instead of drafting 3 steps to learn it. Once the
+run's first drafts say the record does not describe this run (fewer accepted than a draft of the
+record's a_1 would get but DROP_CHANCE of the time), a_1 starts from the run's own rate instead.
 c_draft(k): seconds of a proposal of up to k tokens (costs.DraftCosts: the median of the recent
 ones per k, unseen k interpolated; before the first, what an earlier run timed, else 0).
 c_verify(n): seconds of an n-row target pass, learned from the cached curve and live passes
@@ -39,6 +41,7 @@ next to nothing."""
 from __future__ import annotations
 
 import functools
+import math
 from statistics import median
 
 import numpy as np
@@ -54,6 +57,10 @@ STOP_STEPS = 16    # timed steps before judging whether the strategy pays
 STOP_RATIO = 0.97  # below this share of plain decoding's rate, it does not
 STOP_DRAFTS = 4    # ... nor when none of this many drafts was accepted (at least; see stop_drafts)
 STOP_CHANCE = 0.02  # ... where a draft with the a_1 prior gets none of them accepted this rarely
+DROP_CHANCE = 0.002  # a draft's record no longer counts where a draft of its a_1 gets no more of the
+                     # run's first drafts accepted this rarely; asked after every rejected one, so at
+                     # the record's a_1 1.6% of 300-draft runs drop it (at 0.02: 12.6%), and at a_1
+                     # 0.1 against 0.43 it goes after 16 first drafts (median; 90%: 27)
 UPKEEP_SHARE = 0.01  # ... nor when no k pays and keeping its state costs more than this share of a step
 UNTIMED = "no 1-row pass was timed before the run ended"  # why a run with no cached curve measured none
 
@@ -77,6 +84,9 @@ class DraftController:
         self.counts = np.zeros((self.k_max, 2))  # decayed (accepted, rejected) per draft position
         self.run_counts = np.zeros((self.k_max, 2))  # the same, undecayed: what the stop rule judges by
         self.first_prior, self.first_weight = 0.5, PRIOR
+        self.expected = self.first_prior  # a_1 as the run started: the record, else the guess
+        self.record = None  # a_1 on the draft's record (expect), while it prices the drafts
+        self.disowned = None  # why the record stopped pricing them (the run contradicted it)
         self.idle = 0      # steps since the last draft
         self.wait = probe_every  # idle steps before the next probe
         self.probing = False
@@ -89,8 +99,24 @@ class DraftController:
     def expect(self, first_acceptance: float) -> None:
         """The prior of a_1: what the draft measured on its suite (RECORD_PRIOR pseudo-counts:
         evidence outweighs it within some ten first drafts)."""
-        self.first_prior = min(max(float(first_acceptance), 0.0), 1.0)
+        self.first_prior = self.record = self.expected = min(max(float(first_acceptance), 0.0), 1.0)
         self.first_weight = RECORD_PRIOR
+
+    def _check_record(self) -> None:
+        """Drop the record where this run's first drafts contradict it (a quantized draft cache
+        written without rotation, sampling, prompts unlike the suite's): held at RECORD_PRIOR it
+        kept the negative control (unrotated injection, a_1 ~0.1 against the record's 0.43)
+        drafting 30-41 times a 128-token run at 0.94x plain, never switched off; dropped (after 7-15
+        first drafts there), no length pays at the run's rate and it stops: 0.97x."""
+        accepted, rejected = (int(c) for c in self.run_counts[0]) if self.k_max else (0, 0)
+        n = accepted + rejected
+        if self.fixed or self.record is None or not n or _at_most(accepted, n, self.record) >= DROP_CHANCE:
+            return
+        self.first_prior, self.first_weight = accepted / n, PRIOR
+        self.disowned = (f"{accepted} of its {n} first drafts accepted, which a draft of its record's a_1 "
+                         f"{self.record:.2f} gets under {DROP_CHANCE:.1%} of the time: drafts are priced at "
+                         f"this run's {accepted / n:.2f} from now on")
+        self.record = None
 
     def limit(self, k_max: int) -> None:
         """Lower k_max to what the strategy can draft (before the first step)."""
@@ -204,7 +230,7 @@ class DraftController:
         """Drafts, none accepted, that say a draft is not the one its a_1 prior describes: a draft
         of that a_1 gets none of n accepted with chance (1 - a_1)^n, kept under STOP_CHANCE (6 at
         the default 0.5, 10 at 0.35), at least STOP_DRAFTS and at most 4x that."""
-        miss = 1.0 - self.first_prior
+        miss = 1.0 - self.expected
         if miss <= 0.0:
             return STOP_DRAFTS
         n = np.ceil(np.log(STOP_CHANCE) / np.log(miss)) if miss < 1.0 else 4 * STOP_DRAFTS
@@ -289,6 +315,8 @@ class DraftController:
                 counts[:accepted, 0] += 1
                 if accepted < drafted:
                     counts[accepted, 1] += 1
+            if not accepted:  # only a rejected first draft makes the record less likely
+                self._check_record()
 
     def finish(self) -> None:
         """Hand what the run learned of the verify costs to `persist` (VerifyCosts.learned)."""
@@ -303,12 +331,25 @@ class DraftController:
         k = int(round(mean_k))
         priced = not (self.fixed or self.unmeasured)
         return {"mode": "fixed" if self.fixed else "cost-aware", "mean_k": mean_k, "held_for_setup": self.held,
-                "unmeasured": self.unmeasured,
+                "unmeasured": self.unmeasured, "record_dropped": self.disowned,
                 "expected_tps": self.expected_rate(k) if priced else None,
                 "plain_tps": self.plain_rate() if priced else None,
                 "overhead_seconds": self.overhead,
                 "acceptance": [round(float(a), 3) for a in self.acceptance()],
                 "verify_seconds": {str(n): s for n, s in sorted(self.costs.verify.items())}}
+
+
+def _at_most(accepted: int, n: int, a: float) -> float:
+    """P(X <= accepted) for X ~ Binomial(n, a): how often a draft of first-draft acceptance a does
+    no better in n first drafts; 1 from the mean up, where it only matters if small (terms in
+    logs: (1 - a)^n underflows in long runs)."""
+    if accepted >= a * n or a <= 0.0:
+        return 1.0  # at or above the mean: no contradiction (and cheap, as every step asks)
+    if a >= 1.0:
+        return 0.0
+    log_a, log_miss, top = math.log(a), math.log1p(-a), math.lgamma(n + 1)
+    return sum(math.exp(top - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_a + (n - i) * log_miss)
+               for i in range(accepted + 1))
 
 
 def _argmax(values: list) -> int:

@@ -204,15 +204,18 @@ class Speculator:
             # new width: 0.66 s for k 1)
             shape = (max_n, len(prop.tokens))
             seen = self._seen[shape] = self._seen.get(shape, 0) + 1
+            disowned = self.control.disowned
             self.control.update(max_n, len(prop.tokens), n, t2 - t1 if warm else None,
                                 t1 - t0 if seen > COLD_PROPOSALS and not compiled else None)
+            if self.control.disowned != disowned:
+                log.info("%s: %s", self.stats.strategy, self.control.disowned)
             log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), max_n, n)
             if self.strategy is not None:
                 self._committed(out, pos, 1 + n, [last] + prop.tokens[:n])
                 self.control.note_overhead(self._timed_inject(lambda: self.strategy.commit(self.ctx), "commit"))
                 reason = self.control.stop_reason()
                 if reason:
-                    self._disable(reason)
+                    self._disable(reason + self._short_of_record())
             for t in prop.tokens[:n]:
                 yield t
                 emitted += 1
@@ -252,6 +255,13 @@ class Speculator:
             self._warned = True
             log.warning("%s: first-draft acceptance %.2f after %d steps is far below the %.2f this draft measured "
                         "on its suite; %s", st.strategy, live, st.steps, expected, self._suspects())
+
+    def _short_of_record(self) -> str:
+        """For a strategy switched off after its first drafts contradicted the draft's record (the
+        controller dropped it, often before the watchdog has steps enough to judge): the causes."""
+        if self._warned or not self.control.disowned:
+            return ""
+        return f"; its record's a_1 is {self.control.expected:.2f}: {self._suspects()}"
 
     def _suspects(self) -> str:
         """The causes that apply: what differs from how a draft's record is measured (f16 draft
