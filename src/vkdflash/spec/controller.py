@@ -110,7 +110,7 @@ class DraftController:
         first drafts there), no length pays at the run's rate and it stops: 0.97x."""
         accepted, rejected = (int(c) for c in self.run_counts[0]) if self.k_max else (0, 0)
         n = accepted + rejected
-        if self.fixed or self.record is None or not n or _at_most(accepted, n, self.record) >= DROP_CHANCE:
+        if self.fixed or self.record is None or not n or not _unlikely(accepted, n, self.record, DROP_CHANCE):
             return
         self.first_prior, self.first_weight = accepted / n, PRIOR
         self.disowned = (f"{accepted} of its {n} first drafts accepted, which a draft of its record's a_1 "
@@ -339,17 +339,25 @@ class DraftController:
                 "verify_seconds": {str(n): s for n, s in sorted(self.costs.verify.items())}}
 
 
-def _at_most(accepted: int, n: int, a: float) -> float:
-    """P(X <= accepted) for X ~ Binomial(n, a): how often a draft of first-draft acceptance a does
-    no better in n first drafts; 1 from the mean up, where it only matters if small (terms in
-    logs: (1 - a)^n underflows in long runs)."""
+def _unlikely(accepted: int, n: int, a: float, chance: float) -> bool:
+    """Whether a draft of first-draft acceptance a gets no more than `accepted` of n first drafts
+    accepted with probability under `chance` (the binomial tail, summed from its largest term down
+    in logs, (1 - a)^n underflowing in long runs, and stopped once it is decided: every rejected
+    first draft asks)."""
     if accepted >= a * n or a <= 0.0:
-        return 1.0  # at or above the mean: no contradiction (and cheap, as every step asks)
+        return False  # at or above the mean
     if a >= 1.0:
-        return 0.0
+        return True
     log_a, log_miss, top = math.log(a), math.log1p(-a), math.lgamma(n + 1)
-    return sum(math.exp(top - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_a + (n - i) * log_miss)
-               for i in range(accepted + 1))
+    tail = 0.0
+    for i in range(accepted, -1, -1):  # below the mean, each term is smaller than the one above
+        term = math.exp(top - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_a + (n - i) * log_miss)
+        tail += term
+        if tail >= chance:
+            return False
+        if term < 1e-6 * chance:
+            break  # the terms left shrink faster than geometrically
+    return True
 
 
 def _argmax(values: list) -> int:
