@@ -651,3 +651,18 @@ def test_a_run_that_contradicts_the_drafts_record_is_priced_by_its_own_rate():
     assert c.disowned is None and c.record == 0.43 and c.stop_reason() is None
     c = run(lambda i: False, 40, fixed=True)
     assert c.disowned is None and c.record == 0.43
+
+
+def test_the_record_check_is_the_binomial_tail():
+    """_unlikely(x, n, a, chance): P(X <= x) < chance for X ~ Binomial(n, a), summed exactly here,
+    including long runs where (1 - a)^n underflows a float."""
+    from math import comb
+
+    from vkdflash.spec.controller import _unlikely
+    for n in (1, 5, 24, 97):
+        for x in range(n + 1):
+            for a in (0.1, 0.43, 0.9):
+                tail = sum(comb(n, i) * a ** i * (1 - a) ** (n - i) for i in range(x + 1))
+                for chance in (0.002, 0.02, 0.5):
+                    assert _unlikely(x, n, a, chance) == (tail < chance), (x, n, a, chance)
+    assert _unlikely(300, 2000, 0.43, 0.002) and not _unlikely(850, 2000, 0.43, 0.002)
