@@ -106,7 +106,7 @@ class DraftController:
         """Drop the record where this run's first drafts contradict it (a quantized draft cache
         written without rotation, sampling, prompts unlike the suite's): held at RECORD_PRIOR it
         kept the negative control (unrotated injection, a_1 ~0.1 against the record's 0.43)
-        drafting 30-60 times a 128-token run, never switched off: 0.936x plain over 18 runs;
+        drafting in bursts through 128-token runs, never switched off: 0.936x plain over 18 runs;
         dropped (after 20-24 first drafts there), no length pays at the run's rate and it stops:
         0.960x (design.md 11)."""
         accepted, rejected = (int(c) for c in self.run_counts[0]) if self.k_max else (0, 0)
