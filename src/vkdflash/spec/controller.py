@@ -85,7 +85,6 @@ class DraftController:
         self.run_counts = np.zeros((self.k_max, 2))  # the same, undecayed: what the stop rule judges by
         self.first_prior, self.first_weight = 0.5, PRIOR
         self.expected = self.first_prior  # a_1 as the run started: the record, else the guess
-        self.record = None  # a_1 on the draft's record (expect), while it prices the drafts
         self.disowned = None  # why the record stopped pricing them (the run contradicted it)
         self.idle = 0      # steps since the last draft
         self.wait = probe_every  # idle steps before the next probe
@@ -99,8 +98,13 @@ class DraftController:
     def expect(self, first_acceptance: float) -> None:
         """The prior of a_1: what the draft measured on its suite (RECORD_PRIOR pseudo-counts:
         evidence outweighs it within some ten first drafts)."""
-        self.first_prior = self.record = self.expected = min(max(float(first_acceptance), 0.0), 1.0)
+        self.first_prior = self.expected = min(max(float(first_acceptance), 0.0), 1.0)
         self.first_weight = RECORD_PRIOR
+
+    @property
+    def record(self) -> float | None:
+        """a_1 on the draft's record while it prices the drafts (expect, until dropped)."""
+        return self.expected if self.first_weight == RECORD_PRIOR else None
 
     def _check_record(self) -> None:
         """Drop the record where this run's first drafts contradict it (a quantized draft cache
@@ -109,15 +113,14 @@ class DraftController:
         drafting in bursts through 128-token runs, never switched off: 0.936x plain over 18 runs;
         dropped (after 20-24 first drafts there), no length pays at the run's rate and it stops:
         0.960x (design.md 11)."""
-        accepted, rejected = (int(c) for c in self.run_counts[0]) if self.k_max else (0, 0)
+        accepted, rejected = (int(c) for c in self.run_counts[0])  # asked after a draft: n >= 1
         n = accepted + rejected
-        if self.fixed or self.record is None or not n or not _unlikely(accepted, n, self.record, DROP_CHANCE):
+        if self.fixed or self.record is None or not _unlikely(accepted, n, self.record, DROP_CHANCE):
             return
-        self.first_prior, self.first_weight = accepted / n, PRIOR
         self.disowned = (f"{accepted} of its {n} first drafts accepted, which a draft of its record's a_1 "
                          f"{self.record:.2f} gets under {DROP_CHANCE:.1%} of the time: drafts are priced at "
                          f"this run's {accepted / n:.2f} from now on")
-        self.record = None
+        self.first_prior, self.first_weight = accepted / n, PRIOR
 
     def limit(self, k_max: int) -> None:
         """Lower k_max to what the strategy can draft (before the first step)."""
