@@ -3,13 +3,8 @@ maximise expected committed tokens per second
 
     E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j        T(k) = c_verify(k + 1) + c_draft(k)
 
-a_j: the running probability that draft j is accepted given drafts 1..j-1 were (decayed counts
-per position, so it follows the text; a position with little evidence leans on the one before
-it, so after drafts 1..j keep being accepted the choice reaches for j + 1). a_1 starts from what
-the draft measured on its own suite where it knows (`expect`), else 0.5: the shipped DFlash
-draft (a_1 0.25) then starts plain on lavapipe instead of drafting 3 steps to learn it. Once the
-run's first drafts say the record does not describe this run (fewer accepted than a draft of the
-record's a_1 would get but DROP_CHANCE of the time), a_1 starts from the run's own rate instead.
+a_j: the running probability that draft j is accepted given drafts 1..j-1 were (acceptance.py:
+decayed counts per position over a prior, the draft's record for a_1 where it has one).
 c_draft(k): seconds of a proposal of up to k tokens (costs.DraftCosts: the median of the recent
 ones per k, unseen k interpolated; before the first, what an earlier run timed, else 0).
 c_verify(n): seconds of an n-row target pass, learned from the cached curve and live passes
@@ -26,7 +21,7 @@ a shape compiles); once the evidence (STOP_STEPS timed steps; where its drafts' 
 SHAPE_PASSES timed proposals) says the best k with the strategy is below STOP_RATIO of plain
 decoding without it, or the best is k = 0 while its upkeep is more than UPKEEP_SHARE of a step,
 or none of its drafts was accepted where a draft as good as its a_1 prior would have had one
-accepted (STOP_CHANCE: the shipped MTP head, a_1 0.35, had none of its first 5 accepted on bench
+accepted (acceptance.STOP_CHANCE: the shipped MTP head, a_1 0.35, had none of its first 5 accepted on bench
 spec's prompt and was switched off at 4), or the best is k = 0 and not even the a_1 it expects
 would bring a length to STOP_RATIO of plain decoding, `stop_reason()` says why and the engine
 switches the strategy off: k = 0 alone cannot stop a strategy's upkeep (the target's captures,
@@ -41,26 +36,16 @@ next to nothing."""
 from __future__ import annotations
 
 import functools
-import math
 from statistics import median
 
 import numpy as np
 
-from .costs import DECAY, SHAPE_PASSES, DraftCosts, VerifyCosts
+from .acceptance import Acceptance
+from .costs import SHAPE_PASSES, DraftCosts, VerifyCosts
 
-PRIOR = 2.0        # pseudo-counts behind a_j's prior: a_{j-1} (for a_1: 0.5)
-RECORD_PRIOR = 8.0  # ... behind a_1's where the draft's record gives it (measured over thousands of
-                    # drafts: at 2, one rejected first draft took the shipped DFlash draft, a_1 0.43,
-                    # below the 0.30 at which k 1 pays, and it idled where k 1 gives 1.15x plain)
 MAX_PROBE_WAIT = 128
 STOP_STEPS = 16    # timed steps before judging whether the strategy pays
 STOP_RATIO = 0.97  # below this share of plain decoding's rate, it does not
-STOP_DRAFTS = 4    # ... nor when none of this many drafts was accepted (at least; see stop_drafts)
-STOP_CHANCE = 0.02  # ... where a draft with the a_1 prior gets none of them accepted this rarely
-DROP_CHANCE = 0.002  # a draft's record no longer counts where a draft of its a_1 gets no more of the
-                     # run's first drafts accepted this rarely; asked after every rejected one, so at
-                     # the record's a_1 1.6% of 300-draft runs drop it (at 0.02: 12.6%), and at a_1
-                     # 0.1 against 0.43 it goes after 16 first drafts (median; 90%: 27)
 UPKEEP_SHARE = 0.01  # ... nor when no k pays and keeping its state costs more than this share of a step
 UNTIMED = "no 1-row pass was timed before the run ended"  # why a run with no cached curve measured none
 
@@ -81,11 +66,7 @@ class DraftController:
         self.costs = VerifyCosts(verify_seconds or {1: 1.0}, width or (lambda rows: rows))
         self.full = 0       # drafts of the last step when all were accepted, else 0
         self.drafts = DraftCosts()
-        self.counts = np.zeros((self.k_max, 2))  # decayed (accepted, rejected) per draft position
-        self.run_counts = np.zeros((self.k_max, 2))  # the same, undecayed: what the stop rule judges by
-        self.first_prior, self.first_weight = 0.5, PRIOR
-        self.expected = self.first_prior  # a_1 as the run started: the record, else the guess
-        self.disowned = None  # why the record stopped pricing them (the run contradicted it)
+        self.acceptance = Acceptance(self.k_max)
         self.idle = 0      # steps since the last draft
         self.wait = probe_every  # idle steps before the next probe
         self.probing = False
@@ -95,37 +76,10 @@ class DraftController:
         self.held = 0  # steps that drafted less than the rate asked: the run would not repay a compile
 
     # -- the model -----------------------------------------------------------------
-    def expect(self, first_acceptance: float) -> None:
-        """The prior of a_1: what the draft measured on its suite (RECORD_PRIOR pseudo-counts:
-        evidence outweighs it within some ten first drafts)."""
-        self.first_prior = self.expected = min(max(float(first_acceptance), 0.0), 1.0)
-        self.first_weight = RECORD_PRIOR
-
-    @property
-    def record(self) -> float | None:
-        """a_1 on the draft's record while it prices the drafts (expect, until dropped)."""
-        return self.expected if self.first_weight == RECORD_PRIOR else None
-
-    def _check_record(self) -> None:
-        """Drop the record where this run's first drafts contradict it (a quantized draft cache
-        written without rotation, sampling, prompts unlike the suite's): held at RECORD_PRIOR it
-        kept the negative control (unrotated injection, a_1 ~0.1 against the record's 0.43)
-        drafting in bursts through 128-token runs, never switched off: 0.936x plain over 18 runs;
-        dropped (after 20-24 first drafts there), no length pays at the run's rate and it stops:
-        0.960x (design.md 11)."""
-        accepted, rejected = (int(c) for c in self.run_counts[0])  # asked after a draft: n >= 1
-        n = accepted + rejected
-        if self.fixed or self.record is None or not _unlikely(accepted, n, self.record, DROP_CHANCE):
-            return
-        self.disowned = (f"{accepted} of its {n} first drafts accepted, which a draft of its record's a_1 "
-                         f"{self.record:.2f} gets under {DROP_CHANCE:.1%} of the time: drafts are priced at "
-                         f"this run's {accepted / n:.2f} from now on")
-        self.first_prior, self.first_weight = accepted / n, PRIOR
-
     def limit(self, k_max: int) -> None:
         """Lower k_max to what the strategy can draft (before the first step)."""
         self.k_max = min(self.k_max, int(k_max))
-        self.counts, self.run_counts = self.counts[:self.k_max], self.run_counts[:self.k_max]
+        self.acceptance.limit(self.k_max)
 
     def measuring_pays(self, room: int, compile_seconds: float, passes: int) -> bool:
         """Whether measuring the verify curve now (compiles, then `passes` rows of passes) can be
@@ -151,15 +105,6 @@ class DraftController:
         self.unmeasured = None
         self.costs.measured(verify_seconds)
 
-    def acceptance(self, counts=None) -> np.ndarray:
-        """a_j for j = 1..k_max (from the decayed counts, or the given ones)."""
-        out, prior, weight = [], self.first_prior, self.first_weight
-        for acc, rej in (self.counts if counts is None else counts).tolist():
-            prior = (acc + weight * prior) / (acc + rej + weight)
-            out.append(prior)
-            weight = PRIOR
-        return np.array(out)
-
     def c_verify(self, n: int) -> float:
         return self.costs.c_verify(n)
 
@@ -170,7 +115,7 @@ class DraftController:
         """E(k), tokens a step commits with k = 0..limit drafts (plain Python: the controller runs
         every step, and numpy's per-call cost on these few values was 2% of a lavapipe decode step)."""
         tokens, reach, expected = [1.0], 1.0, 0.0
-        for a in self.acceptance(counts)[:limit].tolist():
+        for a in self.acceptance.estimate(counts)[:limit].tolist():
             reach *= a
             expected += reach
             tokens.append(1.0 + expected)
@@ -196,7 +141,7 @@ class DraftController:
         scaled = self.costs.scaled
         if self.fixed or self.unmeasured or scaled < STOP_STEPS:
             return None
-        if self.total[0] >= self.stop_drafts() and not self.total[1]:
+        if self.total[0] >= self.acceptance.stop_drafts() and not self.total[1]:
             # its upkeep (captures, commits) is then pure cost, and hidden in the live curve
             return (f"none of its {self.total[0]} drafts was accepted in {scaled} steps; --draft-fixed "
                     "keeps it on")
@@ -209,9 +154,10 @@ class DraftController:
         # stretch would switch off a strategy that pays) and on steady pass prices (a slow spell's
         # would: choose() idles through it at the live ones)
         steady = self.costs.steady
-        rates = self.rates(self.k_max, self.run_counts, steady)
+        run_counts = self.acceptance.run_counts
+        rates = self.rates(self.k_max, run_counts, steady)
         k = _argmax(rates)
-        best, plain, a_1 = rates[k], self.plain_rate(), self.acceptance(self.run_counts)[0]
+        best, plain, a_1 = rates[k], self.plain_rate(), self.acceptance.estimate(run_counts)[0]
         if k == 0 and self.overhead > UPKEEP_SHARE * self.c_verify(1):
             return (f"it costs more than it saves here: no draft length pays (a_1 {a_1:.2f}) and it "
                     f"spends {1000 * self.overhead:.0f} ms keeping its state a step; --draft-fixed keeps it on")
@@ -219,26 +165,16 @@ class DraftController:
         # record would make a length pay by the margin below (the shipped DFlash draft on
         # lavapipe); inside it, a few noisy timings decide (the shipped MTP head, 1.16x plain at
         # k 1, was switched off in 1 of 5 runs when 4 drafts' timings put k 1 at 0.98x)
-        if k == 0 and max(self.rates(self.k_max, np.zeros_like(self.run_counts), steady)[1:], default=0.0) \
+        if k == 0 and max(self.rates(self.k_max, np.zeros_like(run_counts), steady)[1:], default=0.0) \
                 < STOP_RATIO * plain:
             return (f"it costs more than it saves here: no draft length pays at the a_1 it expects "
-                    f"({self.first_prior:.2f}) nor at the {a_1:.2f} it had; --draft-fixed keeps it on")
+                    f"({self.acceptance.first_prior:.2f}) nor at the {a_1:.2f} it had; --draft-fixed keeps it on")
         if best >= STOP_RATIO * plain:
             return None
         return (f"it costs more than it saves here: at best {best:.1f} tok/s with it (k {k}, a_1 "
                 f"{a_1:.2f}, {1000 * self.c_draft(max(k, 1)):.0f} ms drafting and "
                 f"{1000 * self.overhead:.0f} ms keeping its state a step) against {plain:.1f} tok/s without; "
                 "--draft-fixed keeps it on")
-
-    def stop_drafts(self) -> int:
-        """Drafts, none accepted, that say a draft is not the one its a_1 prior describes: a draft
-        of that a_1 gets none of n accepted with chance (1 - a_1)^n, kept under STOP_CHANCE (6 at
-        the default 0.5, 10 at 0.35), at least STOP_DRAFTS and at most 4x that."""
-        miss = 1.0 - self.expected
-        if miss <= 0.0:
-            return STOP_DRAFTS
-        n = np.ceil(np.log(STOP_CHANCE) / np.log(miss)) if miss < 1.0 else 4 * STOP_DRAFTS
-        return int(min(max(n, STOP_DRAFTS), 4 * STOP_DRAFTS))
 
     def note_overhead(self, seconds: float) -> None:
         """Seconds the last step spent keeping the strategy's state (its commit); the median of
@@ -284,7 +220,7 @@ class DraftController:
                 # the length that would pay best at the draft's record: MTP's head (a_1 0.35) probes
                 # 1 draft, a 2-row pass, not 2 (3 rows, priced as 4 on lavapipe: a dear probe)
                 cheap = [j for j in range(1, limit + 1) if affordable(j)]
-                at_record = self.rates(limit, np.zeros_like(self.counts))
+                at_record = self.rates(limit, np.zeros_like(self.acceptance.counts))
                 k = max(cheap, key=lambda j: (at_record[j], -j)) if cheap else 0
                 self.probing = k > 0
         self.idle = 0 if k else self.idle + 1
@@ -313,14 +249,7 @@ class DraftController:
         if self.probing:
             self.wait = self.probe_every if accepted else min(2 * self.wait, MAX_PROBE_WAIT)
             self.probing = False
-        if drafted:
-            self.counts[:drafted] *= DECAY
-            for counts in (self.counts, self.run_counts):
-                counts[:accepted, 0] += 1
-                if accepted < drafted:
-                    counts[accepted, 1] += 1
-            if not accepted:  # only a rejected first draft makes the record less likely
-                self._check_record()
+        self.acceptance.learn(drafted, accepted, keep_record=self.fixed)
 
     def finish(self) -> None:
         """Hand what the run learned of the verify costs to `persist` (VerifyCosts.learned)."""
@@ -335,33 +264,12 @@ class DraftController:
         k = int(round(mean_k))
         priced = not (self.fixed or self.unmeasured)
         return {"mode": "fixed" if self.fixed else "cost-aware", "mean_k": mean_k, "held_for_setup": self.held,
-                "unmeasured": self.unmeasured, "record_dropped": self.disowned,
+                "unmeasured": self.unmeasured, "record_dropped": self.acceptance.disowned,
                 "expected_tps": self.expected_rate(k) if priced else None,
                 "plain_tps": self.plain_rate() if priced else None,
                 "overhead_seconds": self.overhead,
-                "acceptance": [round(float(a), 3) for a in self.acceptance()],
+                "acceptance": [round(float(a), 3) for a in self.acceptance.estimate()],
                 "verify_seconds": {str(n): s for n, s in sorted(self.costs.verify.items())}}
-
-
-def _unlikely(accepted: int, n: int, a: float, chance: float) -> bool:
-    """Whether a draft of first-draft acceptance a gets no more than `accepted` of n first drafts
-    accepted with probability under `chance` (the binomial tail, summed from its largest term down
-    in logs, (1 - a)^n underflowing in long runs, and stopped once it is decided: every rejected
-    first draft asks)."""
-    if accepted >= a * n or a <= 0.0:
-        return False  # at or above the mean
-    if a >= 1.0:
-        return True
-    log_a, log_miss, top = math.log(a), math.log1p(-a), math.lgamma(n + 1)
-    tail = 0.0
-    for i in range(accepted, -1, -1):  # below the mean, each term is smaller than the one above
-        term = math.exp(top - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_a + (n - i) * log_miss)
-        tail += term
-        if tail >= chance:
-            return False
-        if term < 1e-6 * chance:
-            break  # the terms left shrink faster than geometrically
-    return True
 
 
 def _argmax(values: list) -> int:

@@ -91,7 +91,7 @@ class Speculator:
         self.capture = tuple(getattr(self.strategy, "capture_layers", ()))
         expected = getattr(self.strategy, "expected_first_acceptance", None)
         if expected:
-            self.control.expect(expected)  # the draft's own record: the controller's first guess
+            self.control.acceptance.expect(expected)  # the draft's own record: the controller's first guess
         longest = getattr(self.strategy, "longest_draft", None)
         capped = ""
         if isinstance(longest, int) and 0 < longest < options.draft_max:
@@ -99,7 +99,7 @@ class Speculator:
             stats.draft_max, capped = longest, f"the strategy's longest draft, not --draft-max {options.draft_max}; "
         log.info("speculation: strategy %s, draft max %d (%s%s length, a_1 prior %.2f from %s), draft p-min %g, "
                  "captures %s, draft cache K %s V %s", name, stats.draft_max, capped,
-                 "fixed" if self.control.fixed else "cost-aware", self.control.first_prior,
+                 "fixed" if self.control.fixed else "cost-aware", self.control.acceptance.first_prior,
                  "the draft's record" if expected else "no record", options.p_min, list(self.capture) or "none",
                  options.cache_type_k, options.cache_type_v)
         if (self._first_seconds or drafts) and not self.control.fixed:  # a fixed length prices nothing
@@ -204,11 +204,11 @@ class Speculator:
             # new width: 0.66 s for k 1)
             shape = (max_n, len(prop.tokens))
             seen = self._seen[shape] = self._seen.get(shape, 0) + 1
-            disowned = self.control.disowned
+            disowned = self.control.acceptance.disowned
             self.control.update(max_n, len(prop.tokens), n, t2 - t1 if warm else None,
                                 t1 - t0 if seen > COLD_PROPOSALS and not compiled else None)
-            if self.control.disowned != disowned:
-                log.info("%s: %s", self.stats.strategy, self.control.disowned)
+            if self.control.acceptance.disowned != disowned:
+                log.info("%s: %s", self.stats.strategy, self.control.acceptance.disowned)
             log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), max_n, n)
             if self.strategy is not None:
                 self._committed(out, pos, 1 + n, [last] + prop.tokens[:n])
@@ -259,9 +259,9 @@ class Speculator:
     def _short_of_record(self) -> str:
         """For a strategy switched off after its first drafts contradicted the draft's record (the
         controller dropped it, often before the watchdog has steps enough to judge): the causes."""
-        if self._warned or not self.control.disowned:
+        if self._warned or not self.control.acceptance.disowned:
             return ""
-        return f"; its record's a_1 is {self.control.expected:.2f}: {self._suspects()}"
+        return f"; its record's a_1 is {self.control.acceptance.expected:.2f}: {self._suspects()}"
 
     def _suspects(self) -> str:
         """The causes that apply: what differs from how a draft's record is measured (f16 draft
