@@ -1,6 +1,7 @@
 """The speculative engine: losslessness, oracle acceptance, statistics, fault isolation."""
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -624,7 +625,6 @@ def test_a_strategys_first_proposal_is_priced_as_the_last_process_measured_it(ta
 def test_a_strategys_cached_costs_are_read_only_where_they_are_seconds(target, tmp_path, monkeypatch, entry, first,
                                                                         drafts):
     """The curve file may have been edited or damaged: what is not a plausible figure is not priced."""
-    import json
     from vkdflash.spec import curve
     monkeypatch.setenv("VKDFLASH_CURVES", str(tmp_path / "curves.json"))
     monkeypatch.setattr(curve, "_proposed", type(curve._proposed)())
@@ -632,6 +632,40 @@ def test_a_strategys_cached_costs_are_read_only_where_they_are_seconds(target, t
     (tmp_path / "curves.json").write_text(json.dumps({curve.StrategyCosts(model, "x").key: entry}))
     costs = curve.StrategyCosts(model, "x")  # reads the file as a run begins
     assert costs.first_seconds() == first and costs.drafts() == drafts
+
+
+@pytest.mark.parametrize("entry, cached", [
+    ({"1": 0.02, "2": 0.025}, {1: 0.02, 2: 0.025}),
+    ({"1": 0, "2": 0.025}, None),  # a 0 divided the controller's rates by zero
+    ({"1": float("nan"), "2": 0.025}, None),
+    ({"1": 0.02, "2": -0.5}, None),
+    ({"1": 0.02, "x": 0.025}, None),
+    ({"2": 0.025}, None),
+    ({}, None),
+    ([0.02], None),
+])
+def test_a_cached_verify_curve_is_read_only_where_it_is_seconds(target, tmp_path, monkeypatch, entry, cached):
+    """An edited or damaged curve must not price a run (a 0 crashed it): such a curve is measured again."""
+    from vkdflash.spec import curve
+    monkeypatch.setenv("VKDFLASH_CURVES", str(tmp_path / "curves.json"))
+    model, _ = target
+    (tmp_path / "curves.json").write_text(json.dumps({curve._key(model): entry}))
+    assert curve.cached_costs(model) == cached
+
+
+def test_a_damaged_cost_file_is_kept_aside_not_overwritten(target, tmp_path, monkeypatch, caplog):
+    """The file holds every model's and strategy's costs: one that does not parse is moved aside, with
+    a warning, before a run stores what it measured."""
+    from vkdflash.spec import curve
+    file = tmp_path / "curves.json"
+    monkeypatch.setenv("VKDFLASH_CURVES", str(file))
+    model, _ = target
+    file.write_text('{"another model": {"1": 0.02}, "truncated')
+    with caplog.at_level("WARNING", logger="vkdflash"):
+        curve.remember(model, {1: 0.02})
+    assert (tmp_path / "curves.json.damaged").read_text().startswith('{"another model"')
+    assert json.loads(file.read_text()) == {curve._key(model): {"1": 0.02}}
+    assert "moved to" in caplog.text and not list(tmp_path.glob("*.partial"))
 
 
 def test_a_strategys_costs_are_kept_per_draft_file(target, tmp_path):

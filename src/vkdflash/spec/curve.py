@@ -100,15 +100,19 @@ def cached_costs(model) -> dict[int, float] | None:
     """The cached curve for this model, device and cache types, or None: none yet, or one that
     must be measured again."""
     cached = _load().get(_key(model))
-    try:
-        curve = {int(n): float(s) for n, s in cached.items()} if isinstance(cached, dict) else None
-    except (TypeError, ValueError):
-        curve = None
-    if curve and plausible(curve) == curve:
+    if not isinstance(cached, dict) or not cached:
+        return None
+    curve = {int(n): _seconds(s) for n, s in cached.items() if str(n).isdigit() and 0 < int(n) <= 1024}
+    if len(curve) < len(cached) or None in curve.values() or 1 not in curve:
+        # a 0 divided the controller's rates by zero, a NaN priced every length alike
+        log.warning("the cached verify cost curve in %s holds entries that are not seconds of a pass "
+                    "(edited or damaged?): measuring it again", curve_file())
+        return None
+    if plausible(curve) == curve:
         return curve
-    if curve:  # priced by it, a strategy would never draft and so never correct it
-        log.warning("the cached verify cost curve has an n-row pass dearer than n 1-row passes "
-                    "(timed on a starved machine?): measuring it again")
+    # priced by it, a strategy would never draft and so never correct it
+    log.warning("the cached verify cost curve has an n-row pass dearer than n 1-row passes "
+                "(timed on a starved machine?): measuring it again")
     return None
 
 
@@ -201,11 +205,15 @@ def _seconds(value) -> float | None:
 def _store(key: str, value, what: str) -> None:
     known = _load()
     known[key] = value
+    path = curve_file()
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:
-        curve_file().parent.mkdir(parents=True, exist_ok=True)
-        curve_file().write_text(json.dumps(known, indent=1))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(known, indent=1))
+        os.replace(partial, path)  # whole or not at all: a run killed mid-write damaged no entry
     except OSError as exc:  # a read-only cache only costs a measurement next time
-        log.warning("could not cache %s in %s: %s", what, curve_file(), exc)
+        partial.unlink(missing_ok=True)
+        log.warning("could not cache %s in %s: %s", what, path, exc)
 
 
 def curve_file() -> Path:
@@ -213,8 +221,21 @@ def curve_file() -> Path:
 
 
 def _load() -> dict:
+    path = curve_file()
     try:
-        known = json.loads(curve_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    return known if isinstance(known, dict) else {}
+        known = json.loads(path.read_text())
+    except OSError:
+        return {}  # none yet (or unreadable: then storing says so)
+    except ValueError:
+        known = None
+    if isinstance(known, dict):
+        return known
+    # the next store would overwrite it: kept beside, for whoever damaged or edited it
+    kept = path.with_name(path.name + ".damaged")
+    try:
+        os.replace(path, kept)
+        log.warning("%s is not a JSON object of cached costs (damaged or edited?): moved to %s; "
+                    "costs are measured again", path, kept)
+    except OSError as exc:
+        log.warning("%s is not a JSON object of cached costs, and could not be moved aside: %s", path, exc)
+    return {}
