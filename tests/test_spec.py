@@ -130,6 +130,34 @@ def test_faulty_strategy_is_switched_off_and_output_stays_correct(target, factor
     assert any("switched off" in r.getMessage() for r in caplog.records)
 
 
+class BadProbs(Strategy):
+    def __init__(self, bad):
+        self.bad = bad
+
+    def propose(self, ctx, last_token, max_n):
+        n_vocab = ctx.target.hparams.n_vocab
+        probs = np.full((1, n_vocab), 1.0 / n_vocab)
+        return Proposal([1], self.bad(probs))
+
+
+def _nan(p):
+    p[0, 3] = np.nan
+    return p
+
+
+@pytest.mark.parametrize("bad, problem", [
+    (lambda p: p - 2.0 / p.shape[1], "not all finite and non-negative"),  # negative: drew ids past the vocabulary
+    (_nan, "not all finite and non-negative"),
+    (lambda p: p * 0, "a row that sums to 0"),
+    (lambda p: p[:, :-1], "have shape"),
+    (lambda p: p.astype(str), "not all finite and non-negative"),
+], ids=["negative", "nan", "zero", "shape", "strings"])
+def test_draft_probabilities_that_are_no_distribution_switch_the_strategy_off_at_once(target, bad, problem):
+    model, tok = target
+    got, stats = run(model, tok, lambda ctx: BadProbs(bad), sampler=Sampler(temp=0.8, seed=3))
+    assert len(got) == 24 and problem in stats.disabled and stats.drafted == 0
+
+
 def test_a_strategy_that_cannot_start_is_one_error_line(target, caplog):
     model, _ = target
     with pytest.raises(VkdflashError) as err:

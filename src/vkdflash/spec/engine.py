@@ -15,14 +15,12 @@ import logging
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..errors import VkdflashError
 from ..kernels.types import get_type
 from .controller import DraftController
 from .curve import FIRST_ROWS, measuring_passes
 from .stats import SpecStats
-from .strategy import Proposal, StrategyContext
+from .strategy import Proposal, StrategyContext, invalid_proposal
 from .verify import verify, verify_greedy
 
 log = logging.getLogger("vkdflash")
@@ -141,17 +139,11 @@ class Speculator:
         self.stats.draft_seconds += time.perf_counter() - t0
         if self.strategy is None:
             return Proposal([])
-        tokens = list(getattr(prop, "tokens", None) or [])
-        n_vocab = self.model.hp.n_vocab
-        if len(tokens) > max_n or not all(isinstance(t, (int, np.integer)) and 0 <= t < n_vocab for t in tokens):
-            self._disable(f"proposed invalid tokens {tokens[:8]!r} (max {max_n}, vocabulary {n_vocab})")
+        problem = invalid_proposal(prop, max_n, self.model.hp.n_vocab)
+        if problem:
+            self._disable(problem)
             return Proposal([])
-        probs = getattr(prop, "probs", None)
-        if probs is not None and np.asarray(probs).shape != (len(tokens), n_vocab):
-            self._disable(f"draft probabilities have shape {np.asarray(probs).shape}, "
-                          f"expected ({len(tokens)}, {n_vocab})")
-            return Proposal([])
-        return Proposal([int(t) for t in tokens], probs)
+        return Proposal([int(t) for t in prop.tokens], prop.probs)
 
     def tokens(self, prompt_ids: list, sampler, budget: int, gen_stats):
         """Yield generated token ids, committing speculatively; `budget` bounds drafting."""
@@ -293,3 +285,4 @@ class Speculator:
         if self.strategy is not None:
             self._guard("close", self.strategy.close)
         self.ctx.close()
+

@@ -28,6 +28,25 @@ class Proposal:
     probs: np.ndarray | None = None
 
 
+def invalid_proposal(prop, max_n: int, n_vocab: int) -> str | None:
+    """What makes a strategy's proposal unusable (the engine then switches the strategy off), or None."""
+    tokens = list(getattr(prop, "tokens", None) or [])
+    if len(tokens) > max_n or not all(isinstance(t, (int, np.integer)) and 0 <= t < n_vocab for t in tokens):
+        return f"proposed invalid tokens {tokens[:8]!r} (max {max_n}, vocabulary {n_vocab})"
+    probs = getattr(prop, "probs", None)
+    if probs is None:
+        return None
+    probs = np.asarray(probs)
+    if probs.shape != (len(tokens), n_vocab):
+        return f"draft probabilities have shape {probs.shape}, expected ({len(tokens)}, {n_vocab})"
+    # the verifier divides by them; negative ones had drawn tokens outside the vocabulary steps later
+    if not np.issubdtype(probs.dtype, np.number) or not np.isfinite(probs).all() or (probs < 0).any():
+        return "draft probabilities are not all finite and non-negative"
+    if probs.size and not (probs.sum(axis=1) > 0).all():
+        return "draft probabilities have a row that sums to 0"
+    return None
+
+
 class KVHandle:
     """A strategy's view of one of its KV caches: write (through the core hook), attend, truncate."""
     __slots__ = ("_info",)
