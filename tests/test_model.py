@@ -173,6 +173,16 @@ def test_rotation_env_switch(ctx0, tiny, monkeypatch):
     m.close()
 
 
+def test_a_rotation_switch_that_is_no_integer_says_rotation_stays_on(monkeypatch, caplog):
+    """llama.cpp's rule ignores such a value: "yes" must not look like it turned rotation off."""
+    from vkdflash.kv_cache import rotation_disabled_by_env
+    monkeypatch.setenv("VKDFLASH_ATTN_ROT_DISABLE", "yes-please")
+    with caplog.at_level("WARNING", logger="vkdflash"):
+        assert not rotation_disabled_by_env() and not rotation_disabled_by_env()
+    assert [r.getMessage() for r in caplog.records] == [
+        "VKDFLASH_ATTN_ROT_DISABLE='yes-please' is not an integer, so KV rotation stays on (1 turns it off)"]
+
+
 # -- SmolLM2-135M against llama.cpp's own numbers ------------------------------------------------
 
 

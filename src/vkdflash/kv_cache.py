@@ -9,6 +9,7 @@ where it is recorded, and checked again when the graph is built. That is what ma
 that skips the rotation (llama.cpp issue 25725, docs/design.md section 1) impossible here."""
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import plugins
-from .errors import VkdflashError
+from .errors import VkdflashError, quote
 from .kernels.attention import attention, cache_nbytes
 from .kernels.hadamard import fwht, rotation_block
 from .kernels.kv_store import store_rows
@@ -35,7 +36,15 @@ def rotation_disabled_by_env() -> bool:
     try:
         return int(value) != 0
     except ValueError:
+        if value:
+            _ignored_switch(value)
         return False
+
+
+@functools.lru_cache(maxsize=None)
+def _ignored_switch(value: str) -> None:
+    """Say once that a value llama.cpp's rule ignores is ignored ("yes" looks like it disabled rotation)."""
+    log.warning("VKDFLASH_ATTN_ROT_DISABLE=%s is not an integer, so KV rotation stays on (1 turns it off)", quote(value))
 
 
 @dataclass(frozen=True)
