@@ -4,7 +4,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from .errors import VkdflashError
+import click
+
+from .errors import VkdflashError, quote
 from .kernels.types import CACHE_TYPES
 from .suite import PROMPTS, prompt_ids, run, table
 
@@ -19,24 +21,34 @@ class Runs:
 
 
 def parse_runs(runs: str, cache_types: str, temps: str) -> Runs:
-    strategies = []
+    """The suite flags' values; a bad one is a usage error naming its flag."""
+    from .plugins import strategies
+    known = strategies()
+    spellings = {n for r in known.values() for n in (r.name, *r.aliases)}
+    chosen = []
     for item in filter(None, runs.split(",")):
         name, _, k = item.partition(":")
-        if not k.isdigit() or not 1 <= int(k) <= 64:
-            raise VkdflashError(f"--suite-runs {item[:40]}: write NAME:K with K in 1..64")
-        strategies.append((name, int(k)))
+        if not (k.isascii() and k.isdigit() and 1 <= int(k) <= 64):
+            raise click.BadParameter(f"{quote(item, 40)}: write NAME:K with K in 1..64", param_hint="'--suite-runs'")
+        if name not in spellings:
+            raise click.BadParameter(f"unknown strategy {quote(name, 40)}; known: {', '.join(sorted(known))}",
+                                     param_hint="'--suite-runs'")
+        chosen.append((name, int(k)))
+    if not chosen:
+        raise click.BadParameter("give at least one NAME:K", param_hint="'--suite-runs'")
     types = tuple(filter(None, cache_types.split(",")))
     bad = [t for t in types if t not in CACHE_TYPES]
     if bad or not types:
-        raise VkdflashError(f"--suite-cache-types: {bad[0][:20] if bad else 'none given'} is not a cache type "
-                            f"({', '.join(CACHE_TYPES)})")
+        raise click.BadParameter(f"{quote(bad[0], 20) if bad else 'none given'} is not a cache type "
+                                 f"({', '.join(CACHE_TYPES)})", param_hint="'--suite-cache-types'")
     try:
         ts = tuple(float(t) for t in filter(None, temps.split(",")))
     except ValueError:
-        raise VkdflashError(f"--suite-temps {temps[:40]}: write temperatures like 0,0.7") from None
+        raise click.BadParameter(f"{quote(temps, 40)}: write temperatures like 0,0.7",
+                                 param_hint="'--suite-temps'") from None
     if not ts or any(not 0 <= t <= 2 for t in ts):
-        raise VkdflashError("--suite-temps: give temperatures in 0..2")
-    return Runs(tuple(strategies), types, ts)
+        raise click.BadParameter("give temperatures in 0..2", param_hint="'--suite-temps'")
+    return Runs(tuple(chosen), types, ts)
 
 
 def run_suite(model, tok, request, runs: Runs, n_prompts: int, n_gen: int, rotate: bool) -> dict:
@@ -59,8 +71,10 @@ def run_suite(model, tok, request, runs: Runs, n_prompts: int, n_gen: int, rotat
                 try:
                     spec = build_speculator(model, req, req.resolve(), rotate, SpecStats())
                 except VkdflashError as exc:
-                    report["skipped"].append({"strategy": name, "why": str(exc)})
-                    log.warning("suite: %s skipped: %s", name, exc)
+                    skip = {"strategy": name, "why": str(exc)}
+                    if skip not in report["skipped"]:  # each temperature meets the same failure
+                        report["skipped"].append(skip)
+                        log.warning("suite: %s skipped: %s", name, exc)
                     break
                 try:
                     r = run(model, tok, prompts, n_gen, sampler_for(temp), spec)

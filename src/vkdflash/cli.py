@@ -8,7 +8,7 @@ import sys
 import click
 
 from .errors import VkdflashError
-from .cli_options import DEVICE_OPTION, model_options, open_model
+from .cli_options import DEVICE_OPTION, OutputFile, Utf8Text, finite_floats, model_options, open_model
 from .cli_spec import build_speculator, spec_options
 from .cli_stream import TextStream
 
@@ -105,8 +105,7 @@ def inspect(path) -> None:
 @DEVICE_OPTION
 @click.option("--filter", "pattern", default=None, metavar="PATTERN",
               help="Run only cases whose name matches (substring or glob, e.g. 'mul_mat/q4_0*').")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, writable=True),
-              help="Also write every result to this JSON file.")
+@click.option("--json", "json_path", default=None, type=OutputFile(), help="Also write every result to this JSON file.")
 @click.option("--quick", is_flag=True, help="Skip the cases marked slow.")
 def conformance(device, pattern, json_path, quick) -> None:
     """Check every kernel against its numpy reference on one device."""
@@ -127,7 +126,8 @@ def conformance(device, pattern, json_path, quick) -> None:
     width = max(len(r.case.name) for r in results)
     click.echo(f"{'case':<{width}}  {'error':>10}  {'threshold':>9}  pass")
     for r in results:
-        thr = "exact" if r.case.metric == "exact" else "1 step" if r.case.metric == "quant" else f"{r.case.threshold:.0e}"
+        thr = ("exact" if r.case.metric == "exact" else "1 step" if r.case.metric == "quant"
+               else f"{r.case.threshold:.0e}")
         click.echo(f"{r.case.name:<{width}}  {r.error:>10.3g}  {thr:>9}  {'ok' if r.ok else 'FAIL ' + r.detail}")
     failed = [r for r in results if not r.ok]
     click.echo(f"{len(results) - len(failed)} passed, {len(failed)} failed on {ctx.features.name}")
@@ -140,19 +140,21 @@ def conformance(device, pattern, json_path, quick) -> None:
         sys.exit(1)
 
 
+@finite_floats
 @main.command()
-@click.argument("prompt_arg", required=False, metavar="[PROMPT]")
-@click.option("-p", "--prompt", default=None, help="Prompt text (or give it as the argument).")
+@click.argument("prompt_arg", required=False, metavar="[PROMPT]", type=Utf8Text())
+@click.option("-p", "--prompt", default=None, type=Utf8Text(), help="Prompt text (or give it as the argument).")
 @click.option("-n", "--n-predict", default=128, show_default=True, type=click.IntRange(0, 1 << 20),
               help="Most tokens to generate.")
 @click.option("--temp", default=0.8, show_default=True, type=click.FloatRange(0.0), help="Temperature; 0 = greedy.")
 @click.option("--top-k", default=40, show_default=True, type=click.IntRange(0), help="0 = off.")
 @click.option("--top-p", default=0.95, show_default=True, type=click.FloatRange(0.0, 1.0), help="1.0 = off.")
 @click.option("--min-p", default=0.05, show_default=True, type=click.FloatRange(0.0, 1.0), help="0.0 = off.")
-@click.option("-s", "--seed", default=-1, show_default=True, type=int, help="RNG seed; -1 = random.")
-@click.option("--stop", "stops", multiple=True, help="Stop when this text is generated (repeatable).")
+@click.option("-s", "--seed", default=-1, show_default=True, type=click.IntRange(-1), help="RNG seed; -1 = random.")
+@click.option("--stop", "stops", multiple=True, type=Utf8Text(),
+              help="Stop when this text is generated (repeatable).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template as a user message.")
-@click.option("--system", default=None, help="System message for --chat.")
+@click.option("--system", default=None, type=Utf8Text(), help="System message for --chat.")
 @model_options
 @spec_options
 def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, stops, chat, system,
@@ -166,6 +168,8 @@ def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, sto
     text = prompt if prompt is not None else prompt_arg
     if text is None:
         raise click.UsageError("no prompt: give it as an argument or with -p/--prompt")
+    if system is not None and not chat:
+        raise click.UsageError("--system needs --chat (the system message goes into the chat template)")
     with open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device) as (model, tok):
         if chat:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]

@@ -1,14 +1,75 @@
-"""Options shared by several commands: device choice and the model flags."""
+"""Options shared by several commands: device choice, the model flags, and the checked value types."""
 from __future__ import annotations
 
+import math
+import os
 from contextlib import contextmanager
+from pathlib import Path
 
 import click
 
+from .errors import VkdflashError, quote
 from .kernels.types import CACHE_TYPES
 
 DEVICE_OPTION = click.option("--device", "device", default=None, metavar="D",
                              help="Vulkan device index or name substring (env VKDFLASH_DEVICE).")
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that refuses nan and inf: float() reads both, and nan passes every bound."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+def finite_floats(command: click.Command) -> click.Command:
+    """Every FloatRange flag of `command` refuses nan and inf, the flags other modules declare
+    (--draft-p-min) included. Put it above the command's decorator."""
+    for param in command.params:
+        if type(param.type) is click.FloatRange:
+            t = param.type
+            param.type = FiniteFloatRange(t.min, t.max, t.min_open, t.max_open, t.clamp)
+    return command
+
+
+class Utf8Text(click.ParamType):
+    """Text that is valid UTF-8. Argument bytes that are not arrive as surrogate escapes, which
+    the tokenizer refuses with a traceback."""
+    name = "text"
+
+    def convert(self, value, param, ctx):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = ord(value[exc.start])
+            what = f"byte 0x{bad - 0xdc00:02x}" if 0xdc80 <= bad <= 0xdcff else f"character U+{bad:04X}"
+            offset = len(value[:exc.start].encode("utf-8"))
+            self.fail(f"not valid UTF-8: {what} at byte offset {offset} (after {quote(value[:exc.start][-20:])})",
+                      param, ctx)
+        return value
+
+
+class OutputFile(click.ParamType):
+    """A file written when the run ends, checked before it starts: a path that cannot be written
+    would lose the whole run's figures."""
+    name = "file"
+
+    def convert(self, value, param, ctx):
+        if not value:
+            self.fail("give a file name (an empty one names no file).", param, ctx)
+        path = Path(value)
+        if path.is_dir() or value.endswith(os.sep):
+            self.fail(f"{quote(value)} is a folder, not a file.", param, ctx)
+        folder = path.parent
+        if not folder.is_dir():
+            why = "is not a folder" if folder.exists() else "does not exist"
+            self.fail(f"{quote(value)}: its folder {quote(str(folder))} {why}.", param, ctx)
+        if not os.access(folder, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
+            self.fail(f"{quote(value)} cannot be written (permission denied).", param, ctx)
+        return value
 
 
 def model_options(f):
@@ -42,6 +103,7 @@ def open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device):
         tok = Tokenizer(mf.metadata)
         ctx = Context(device)
         try:
+            check_cache_fits(ctx, mf.hparams, n_ctx, ctk, ctv)
             model = Model(ctx, mf, n_ctx=n_ctx, ctk=ctk, ctv=ctv, rotate=not no_kv_rotation)
             try:
                 yield model, tok
@@ -49,3 +111,15 @@ def open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device):
                 model.close()
         finally:
             ctx.close()
+
+
+def check_cache_fits(ctx, hp, n_ctx: int, ctk: str, ctv: str) -> None:
+    """Each layer's K and V cache is bound whole: checked before allocating, a context past the
+    device's storage range is named as -c, not as a kernel binding in the first forward pass."""
+    from .kernels.attention import cache_nbytes
+    limit = ctx.features.max_storage_buffer_range
+    for half, cache_type in (("K", ctk), ("V", ctv)):
+        need = cache_nbytes(cache_type, n_ctx, hp.n_head_kv, hp.head_dim)
+        if need > limit:
+            raise VkdflashError(f"-c {n_ctx} needs a {half} cache of {need >> 20} MiB per layer, more than the "
+                                f"device's storage range {limit >> 20} MiB allows: lower -c")
