@@ -63,7 +63,8 @@ class SpecRequest:
         from .plugins import shipped
         found = shipped(model_file)
         if device_type == "cpu":
-            slow = [f"{d['strategy']} {d['cpu_speedup']:.2f}x" if d.get("cpu_speedup") else f"{d['strategy']} unmeasured"
+            slow = [f"{d['strategy']} {d['cpu_speedup']:.2f}x" if d.get("cpu_speedup")
+                    else f"{d['strategy']} unmeasured"
                     for d in found if not (d.get("cpu_speedup") or 0) >= MIN_CPU_SPEEDUP]
             found = [d for d in found if (d.get("cpu_speedup") or 0) >= MIN_CPU_SPEEDUP]
             if not found and slow:
@@ -80,12 +81,15 @@ class SpecRequest:
 
     def settings(self, name: str) -> dict:
         """The chosen strategy's option values; an option for another strategy is an error."""
-        from .plugins import lookup
-        reg, pairs = lookup(name), []
+        from .plugins import lookup, strategies
+        reg, pairs, known = lookup(name), [], strategies()
         for text in self.spec_opts:
             owner, dot, pair = text.partition(".")
             if not dot:
                 raise VkdflashError(f"--spec-opt {text[:40]}: write it as NAME.KEY=VALUE")
+            if not any(owner == r.name or owner in r.aliases for r in known.values()):
+                raise VkdflashError(f"--spec-opt {text[:40]}: no strategy is called {owner[:40]!r} "
+                                    f"(known: {', '.join(sorted(known))})")
             if owner != reg.name and owner not in reg.aliases:
                 raise VkdflashError(f"--spec-opt {text[:40]} is for {owner[:40]}, but the strategy is {reg.name}")
             pairs.append(pair)
@@ -101,6 +105,7 @@ def spec_options(f):
             raise VkdflashError(f"--spec {spec} and --spec-type {spec_type} disagree")
         request = SpecRequest(spec or spec_type, draft_model, draft_max, draft_p_min, ctkd, ctvd, tuple(spec_opts),
                               draft_fixed)
+        _refuse_unread(request)
         return f(*args, spec_request=request, **kwargs)
 
     opts = [
@@ -129,6 +134,20 @@ def spec_options(f):
     for opt in reversed(opts):
         wrapper = opt(wrapper)
     return wrapper
+
+
+def _refuse_unread(request: SpecRequest) -> None:
+    """A -md file or --spec-opt the named strategy would never read is a usage error, not dropped silently."""
+    if request.spec == "none" and request.spec_opts:
+        raise click.UsageError(f"--spec-opt {request.spec_opts[0][:40]}: --spec none runs no strategy to take it")
+    if request.spec == "none" and request.draft_model:
+        raise click.UsageError(f"-md {quote(request.draft_model)}: --spec none runs no draft model")
+    if request.spec and request.draft_model:
+        from .plugins import draft_takers, lookup
+        takers = draft_takers()
+        if lookup(request.spec).name not in takers:
+            raise click.UsageError(f"-md {quote(request.draft_model)}: --spec {request.spec} takes no draft model "
+                                   f"(strategies that do: {', '.join(takers) or 'none'})")
 
 
 def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats, lazy_curve: bool = False):

@@ -4,6 +4,8 @@ unregistered with one warning, and the call goes on as if that plugin had never 
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import os
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -15,8 +17,11 @@ from .errors import VkdflashError
 
 log = logging.getLogger("vkdflash")
 GROUP = "vkdflash"
+CORE_DIST = "vkdflash"  # the distribution whose entry points are the built-in plugins
 _manager: pluggy.PluginManager | None = None
 _versions: dict[str, str | None] = {}
+_builtin: set[str] = set()
+_warned: set[str] = set()
 
 
 def allowed_plugins() -> set[str] | None:
@@ -33,12 +38,17 @@ def manager() -> pluggy.PluginManager:
         pm = pluggy.PluginManager(GROUP)
         pm.add_hookspecs(hookspecs)
         allowed = allowed_plugins()
-        for ep in entry_points(group=GROUP):
+        # built-ins first: a third-party entry point of the same name cannot displace one
+        installed = sorted(entry_points(group=GROUP), key=lambda ep: not _ships_with_core(ep))
+        _warn_unknown(allowed, [ep.name for ep in installed])
+        for ep in installed:
             if allowed is not None and ep.name not in allowed:
                 continue
             try:
                 pm.register(ep.load(), name=ep.name)
                 _versions[ep.name] = ep.dist.version if ep.dist else None
+                if _ships_with_core(ep):
+                    _builtin.add(ep.name)
             except Exception as exc:  # a broken third-party plugin must not take the engine down
                 log.warning("plugin %s failed to load and is skipped: %s: %s", ep.name, type(exc).__name__, exc)
                 continue
@@ -50,6 +60,25 @@ def manager() -> pluggy.PluginManager:
                     break
         _manager = pm
     return _manager
+
+
+def _ships_with_core(ep) -> bool:
+    return ep.dist is not None and ep.dist.name == CORE_DIST
+
+
+def _warn_unknown(allowed: set[str] | None, installed: list[str]) -> None:
+    """A VKDFLASH_PLUGINS name that matches no installed plugin is most likely a typo: say so."""
+    unknown = sorted((allowed or set()) - set(installed))
+    if unknown:
+        log.warning("VKDFLASH_PLUGINS names %s, which no installed plugin is called (installed: %s)",
+                    ", ".join(map(repr, unknown)), ", ".join(sorted(installed)) or "none")
+
+
+def _warn_once(message: str) -> None:
+    """strategies() runs on every lookup: a problem it finds is said once, not once per lookup."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
 
 
 # The cache hooks and the one shape each plugin implementation of them may take.
@@ -150,6 +179,8 @@ def reset() -> None:
     global _manager
     _manager = None
     _versions.clear()
+    _builtin.clear()
+    _warned.clear()
 
 
 def plugin_list() -> list[dict]:
@@ -178,33 +209,39 @@ class Registered:
         out = {o.key: o.default for o in self.options}
         for pair in pairs:
             key, sep, value = pair.partition("=")
-            if not sep or key not in known:
+            if key not in known:
                 listed = ", ".join(known) or "none"
                 raise VkdflashError(f"--spec-opt {self.name}.{pair[:40]}: {self.name} has no option "
                                     f"{key[:40]!r} (its options: {listed})")
+            if not sep:
+                raise VkdflashError(f"--spec-opt {self.name}.{key} needs a value: NAME.OPTION=VALUE")
             out[key] = known[key].parse(value, self.name)
         return out
 
 
 def strategies() -> dict[str, Registered]:
-    """name -> Registered for every registered strategy."""
+    """name -> Registered for every registered strategy. A name or alias already taken is refused
+    with one warning; built-in plugins register first, so theirs are never displaced."""
     found: dict[str, Registered] = {}
     pm = manager()
-    for impl in pm.hook.register_strategies.get_hookimpls():
+    impls = sorted(pm.hook.register_strategies.get_hookimpls(),
+                   key=lambda impl: (impl.plugin_name not in _builtin, impl.plugin_name))
+    for impl in impls:
         def register(name, factory, description="", options=(), aliases=(), _plugin=impl.plugin_name):
-            taken = {n: r.plugin for r in found.values() for n in (r.name, *r.aliases)}
-            for n in (name, *aliases):
-                if n in taken or n == "none":
-                    raise VkdflashError(f"strategy {n!r} registered twice (plugins {taken.get(n, 'core')} and {_plugin})")
+            owners = {"none": "the core"} | {n: f"plugin {r.plugin}"
+                                             for r in found.values() for n in (r.name, *r.aliases)}
+            clash = next((n for n in (name, *aliases) if n in owners), None)
+            if clash is not None:
+                _warn_once(f"plugin {_plugin}: its strategy {str(name)[:40]!r} is refused: "
+                           f"the name {str(clash)[:40]!r} is taken by {owners[clash]}")
+                return
             if not all(getattr(o, "type", None) in (int, float, str, bool) and hasattr(o, "parse") for o in options):
                 raise ValueError(f"strategy {name}: options must be vkdflash.api.Option of int, float, str or bool")
             found[name] = Registered(name, factory, description, _plugin, tuple(options), tuple(aliases))
         try:
             impl.function(register=register)
-        except VkdflashError:
-            raise
         except Exception as exc:
-            log.warning("plugin %s failed to register strategies: %s", impl.plugin_name, _brief(exc))
+            _warn_once(f"plugin {impl.plugin_name} failed to register strategies: {_brief(exc)}")
     return found
 
 
@@ -214,20 +251,58 @@ def lookup(name: str) -> Registered:
     for r in found.values():
         if name == r.name or name in r.aliases:
             return r
-    raise VkdflashError(f"unknown speculative strategy {name[:40]!r}; available: none, {', '.join(sorted(found))}")
+    raise VkdflashError(f"unknown speculative strategy {name[:40]!r}; available: {', '.join(['none', *sorted(found)])}")
+
+
+def draft_takers() -> list[str]:
+    """The strategies a -md file can go to: those of the plugins that claim draft files."""
+    claimers = {impl.plugin_name for impl in manager().hook.claim_draft_file.get_hookimpls()}
+    return sorted(n for n, r in strategies().items() if r.plugin in claimers)
 
 
 def shipped(model_file) -> list:
-    """Every draft a plugin ships for this target (shipped_drafts), best recorded tau first."""
+    """Every draft a plugin ships for this target (shipped_drafts), best recorded tau first, its
+    strategy spelled by its registered name. An entry the core cannot use is dropped with one
+    warning naming its plugin; the plugin's other entries stay."""
+    names = {n: r.name for r in strategies().values() for n in (r.name, *r.aliases)}
     found = []
     for impl in _well_shaped("shipped_drafts"):
         try:
-            found += list(_call(impl, {"model_file": model_file}) or [])
+            offered = _call(impl, {"model_file": model_file})
         except VkdflashError:  # a plugin's one-line verdict on the files, not a broken plugin
             raise
         except Exception as exc:
             _evict(impl, f"its shipped_drafts raised {_brief(exc)}")
+            continue
+        if offered is not None and not isinstance(offered, (list, tuple)):
+            log.warning("plugin %s: its shipped_drafts returned a %s, not a list: ignored",
+                        impl.plugin_name, type(offered).__name__)
+            continue
+        for entry in offered or ():
+            problem = _draft_problem(entry, names)
+            if problem:
+                log.warning("plugin %s: shipped draft %.80r is dropped: %s", impl.plugin_name, entry, problem)
+            else:
+                found.append(dict(entry, strategy=names[entry["strategy"]]))
     return sorted(found, key=lambda d: -(d.get("tau") or 0.0))
+
+
+def _draft_problem(entry, names: dict) -> str | None:
+    """Why a shipped_drafts entry cannot be used (see hookspecs.shipped_drafts), or None."""
+    if not isinstance(entry, dict):
+        return f"a {type(entry).__name__}, not a dict"
+    strategy = entry.get("strategy")
+    if not isinstance(strategy, str) or strategy not in names:
+        registered = ", ".join(sorted(set(names.values()))) or "none"
+        return f"its strategy {strategy!r:.40} is not a registered one (registered: {registered})"
+    if not isinstance(entry.get("path"), (str, os.PathLike)):
+        return f"its path {entry.get('path')!r:.40} is not a file path"
+    for key in ("tau", "cpu_speedup"):
+        value = entry.get(key)
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if value is not None and not (number and math.isfinite(value) and value >= 0):
+            return f"its {key} {value!r:.40} is not a number >= 0 (or None)"
+    return None
 
 
 def claim(path, metadata) -> str | None:
