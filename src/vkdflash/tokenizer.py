@@ -114,6 +114,9 @@ class Tokenizer:
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_REGEXES[self.pre]]
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         self._bpe = bpe
+        # the BPE silently drops a byte whose character is no token (llama.cpp does too), so encode
+        # checks its output when some are missing (SmolLM2 lacks a few control and unused bytes)
+        self._missing_bytes = frozenset(c for c in byte_chars() if c not in vocab)
         special = [i for i in range(n) if self.types[i] in (CONTROL, USER_DEFINED, UNKNOWN) and self.tokens[i]]
         self._special = sorted(special, key=lambda i: -len(self.tokens[i].encode("utf-8")))
         self.eog_ids = frozenset({i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
@@ -159,9 +162,21 @@ class Tokenizer:
             if isinstance(f, int):
                 ids.append(f)
             else:
-                ids.extend(self._bpe.encode(f, add_special_tokens=False).ids)
+                ids.extend(self._encode_text(f))
         if add_special and self.add_eos:
             ids.append(self.eos_id)
+        return ids
+
+    def _encode_text(self, text: str) -> list[int]:
+        """BPE ids of plain text; an error naming the characters the vocabulary lacks bytes for."""
+        ids = self._bpe.encode(text, add_special_tokens=False).ids
+        if not self._missing_bytes:
+            return ids
+        chars = byte_chars()
+        if "".join(self.tokens[i] for i in ids) != "".join(chars[b] for b in text.encode("utf-8")):
+            lost = dict.fromkeys(c for c in text if any(chars[b] in self._missing_bytes for b in c.encode("utf-8")))
+            raise VkdflashError(f"the prompt has characters this model's vocabulary cannot encode: "
+                                f"{quote(''.join(lost))}")
         return ids
 
     def token_bytes(self, tid: int, special: bool = False) -> bytes:

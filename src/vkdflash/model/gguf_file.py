@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -24,6 +25,9 @@ GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4
 MAX_NAME = 1 << 16           # bytes in a key or tensor name
 MAX_ALIGNMENT = 1 << 20      # llama.cpp writes 32; larger only pads the file
+# what a path that is not a regular file is: mapping one would block (a FIFO) or misread it
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (pipe)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 _SCALARS = {  # value type -> struct format
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
     GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
@@ -74,6 +78,15 @@ class _Cursor:
             raise VkdflashError(f"{what} at byte {self.pos - n} is not valid UTF-8") from None
 
 
+def _check_regular(path: str) -> None:
+    """Refuse a path (symlinks followed) that is not a regular file, before opening it: opening a FIFO
+    waits for a writer forever, and a pipe or device has no size to map."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "a special file")
+        raise VkdflashError(f"{path} is {kind}, not a GGUF file")
+
+
 class GGUFFile:
     """A parsed GGUF: `metadata` (a Metadata: key -> value with typed reads), `value_types` (key ->
     GGUFValueType, arrays as (ARRAY, item type)), `tensors` (name -> TensorInfo, file order). Arrays
@@ -83,7 +96,9 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         try:
-            with open(self.path, "rb") as f:
+            _check_regular(self.path)
+            # non-blocking: a file swapped for a FIFO after the check fails to map instead of hanging
+            with open(self.path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
                 self.file_size = os.fstat(f.fileno()).st_size
                 if self.file_size < 24:
                     raise VkdflashError(f"{self.path}: {self.file_size} bytes is too short for a GGUF file")
@@ -308,11 +323,12 @@ class ModelFile:
     """A GGUF checked to hold a dense llama / qwen2 / qwen3 model that vkdflash can run."""
 
     def __init__(self, path: str | os.PathLike):
-        from .hparams import read_hparams
+        from .hparams import check_output_rows, read_hparams
         self.gguf = GGUFFile(path)
         try:
             self.hparams = read_hparams(self.gguf.metadata, list(self.gguf.tensors))
             self._check_tensors()
+            check_output_rows(self.hparams, self.gguf.metadata)
         except VkdflashError as exc:
             self.gguf.close()
             raise VkdflashError(f"{self.gguf.path}: {exc}") from None

@@ -110,6 +110,17 @@ def read_hparams(m: Metadata, tensor_names) -> HParams:
         n_nextn=n_nextn, nextn_hidden=nextn_hidden(m, arch))
 
 
+def check_output_rows(hp: HParams, m: Metadata) -> None:
+    """Sampling may pick any row of the output layer (hp.n_vocab rows, as the tensors were checked to
+    have), so each row needs a token to print. Fewer rows than tokens is harmless: the model never emits
+    the rest, and the forward pass refuses a prompt holding one. (llama.cpp's converter pads the token
+    list to the rows with [PAD] tokens, so real files have as many of each.)"""
+    tokens = m.strings("tokenizer.ggml.tokens", MAX_VOCAB, default=None)
+    if tokens is not None and hp.n_vocab > len(tokens):
+        raise VkdflashError(f"the output layer has {hp.n_vocab} rows but the tokenizer only {len(tokens)} tokens: "
+                            f"the model could emit ids {len(tokens)}..{hp.n_vocab - 1}, which have no text")
+
+
 def nextn_hidden(m: Metadata, arch: str) -> str:
     """{arch}.nextn.hidden: "prenorm" (default, llama.cpp's GLM4-MoE / Qwen3.5 heads) or "postnorm"."""
     return m.str(f"{arch}.nextn.hidden", default="prenorm", choices=NEXTN_HIDDEN)
