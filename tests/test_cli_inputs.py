@@ -6,6 +6,7 @@ import logging
 import subprocess
 import sys
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -33,6 +34,19 @@ def usage_error(*args) -> str:
 ])
 def test_float_flags_refuse_nan_and_inf(args, flag):
     assert flag in usage_error(*args, "-m", MISSING)
+
+
+def test_every_float_flag_of_every_command_is_finite():
+    """A float flag added later must not let nan through (nan passes every bound of FloatRange)."""
+    def params(cmd):
+        if isinstance(cmd, click.Group):
+            for sub in cmd.commands.values():
+                yield from params(sub)
+        else:
+            yield from ((cmd.name, p) for p in cmd.params)
+    floats = [(name, p.opts[-1], type(p.type).__name__) for name, p in params(main)
+              if isinstance(p.type, click.types.FloatParamType)]
+    assert len(floats) >= 5 and all(kind == "FiniteFloatRange" for *_, kind in floats), floats
 
 
 @pytest.mark.parametrize("args", [["generate", "a\udcffb"], ["generate", "-p", "a\udcffb"],

@@ -8,7 +8,7 @@ import sys
 import click
 
 from .errors import VkdflashError
-from .cli_options import DEVICE_OPTION, OutputFile, Utf8Text, finite_floats, model_options, open_model
+from .cli_options import DEVICE_OPTION, FiniteFloatRange, OutputFile, Utf8Text, model_options, open_model
 from .cli_spec import build_speculator, spec_options
 from .cli_stream import TextStream
 
@@ -140,16 +140,15 @@ def conformance(device, pattern, json_path, quick) -> None:
         sys.exit(1)
 
 
-@finite_floats
 @main.command()
 @click.argument("prompt_arg", required=False, metavar="[PROMPT]", type=Utf8Text())
 @click.option("-p", "--prompt", default=None, type=Utf8Text(), help="Prompt text (or give it as the argument).")
 @click.option("-n", "--n-predict", default=128, show_default=True, type=click.IntRange(0, 1 << 20),
               help="Most tokens to generate.")
-@click.option("--temp", default=0.8, show_default=True, type=click.FloatRange(0.0), help="Temperature; 0 = greedy.")
+@click.option("--temp", default=0.8, show_default=True, type=FiniteFloatRange(0.0), help="Temperature; 0 = greedy.")
 @click.option("--top-k", default=40, show_default=True, type=click.IntRange(0), help="0 = off.")
-@click.option("--top-p", default=0.95, show_default=True, type=click.FloatRange(0.0, 1.0), help="1.0 = off.")
-@click.option("--min-p", default=0.05, show_default=True, type=click.FloatRange(0.0, 1.0), help="0.0 = off.")
+@click.option("--top-p", default=0.95, show_default=True, type=FiniteFloatRange(0.0, 1.0), help="1.0 = off.")
+@click.option("--min-p", default=0.05, show_default=True, type=FiniteFloatRange(0.0, 1.0), help="0.0 = off.")
 @click.option("-s", "--seed", default=-1, show_default=True, type=click.IntRange(-1), help="RNG seed; -1 = random.")
 @click.option("--stop", "stops", multiple=True, type=Utf8Text(),
               help="Stop when this text is generated (repeatable).")

@@ -7,7 +7,7 @@ import logging
 import click
 from click.core import ParameterSource
 
-from .cli_options import DEVICE_OPTION, OutputFile, Utf8Text, finite_floats, model_options, open_model
+from .cli_options import DEVICE_OPTION, FiniteFloatRange, OutputFile, Utf8Text, model_options, open_model
 from .cli_spec import build_speculator, spec_options
 from .suite import PROMPTS, SUITE_CACHE_TYPES
 
@@ -89,7 +89,6 @@ def bench_model(n_prompt, n_gen, json_path, with_profile, with_curve, model_path
         emit_json(report, json_path)
 
 
-@finite_floats
 @bench.command("spec")
 @click.option("-p", "--prompt", default=None, type=Utf8Text(), help="Prompt (default: a code snippet with repetition).")
 @click.option("-n", "--n-gen", default=None, type=click.IntRange(1, 1 << 16),
@@ -109,7 +108,7 @@ def bench_model(n_prompt, n_gen, json_path, with_profile, with_curve, model_path
               help="Use the first N prompts (code, chat and story in turn).")
 @click.option("--reps", default=3, show_default=True, type=click.IntRange(1, 100),
               help="Alternate plain and speculative runs this many times and report the medians.")
-@click.option("--temp", default=0.0, show_default=True, type=click.FloatRange(0.0, 100.0),
+@click.option("--temp", default=0.0, show_default=True, type=FiniteFloatRange(0.0, 100.0),
               help="Sample at this temperature (0: greedy, the outputs compared); not with --suite.")
 @click.option("-s", "--seed", default=0, show_default=True, type=click.IntRange(0),
               help="RNG seed of the sampled runs (each pair: seed + its index).")

@@ -25,16 +25,6 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
-def finite_floats(command: click.Command) -> click.Command:
-    """Every FloatRange flag of `command` refuses nan and inf, the flags other modules declare
-    (--draft-p-min) included. Put it above the command's decorator."""
-    for param in command.params:
-        if type(param.type) is click.FloatRange:
-            t = param.type
-            param.type = FiniteFloatRange(t.min, t.max, t.min_open, t.max_open, t.clamp)
-    return command
-
-
 class Utf8Text(click.ParamType):
     """Text that is valid UTF-8. Argument bytes that are not arrive as surrogate escapes, which
     the tokenizer refuses with a traceback."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import click
 
+from .cli_options import FiniteFloatRange
 from .errors import VkdflashError, quote
 from .kernels.types import CACHE_TYPES
 
@@ -120,7 +121,7 @@ def spec_options(f):
         click.option("--draft-max", "--spec-draft-n-max", "draft_max", default=16, show_default=True,
                      type=click.IntRange(1, 64), help="Most tokens drafted per step."),
         click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", default=0.0, show_default=True,
-                     type=click.FloatRange(0.0, 1.0), help="Stop drafting below this draft probability."),
+                     type=FiniteFloatRange(0.0, 1.0), help="Stop drafting below this draft probability."),
         click.option("-ctkd", "--cache-type-k-draft", "ctkd", default="f16", show_default=True,
                      type=click.Choice(CACHE_TYPES, case_sensitive=False), help="Draft K cache type."),
         click.option("-ctvd", "--cache-type-v-draft", "ctvd", default="f16", show_default=True,
