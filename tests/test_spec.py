@@ -696,6 +696,21 @@ def test_a_damaged_cost_file_is_kept_aside_not_overwritten(target, tmp_path, mon
     assert "moved to" in caplog.text and not list(tmp_path.glob("*.partial"))
 
 
+def test_processes_storing_together_keep_every_entry(tmp_path):
+    """Each store reads, sets one entry and writes the file: unlocked, six processes of 30 stores
+    each had kept 128 of 180 entries."""
+    import os
+    import subprocess
+    import sys
+    file = tmp_path / "curves.json"
+    script = ("import sys; from vkdflash.measured import store\n"
+              "for i in range(25): store(f'{sys.argv[1]} {i}', i, 'a test entry')")
+    env = {**os.environ, "VKDFLASH_CURVES": str(file)}
+    workers = [subprocess.Popen([sys.executable, "-c", script, str(w)], env=env) for w in range(4)]
+    assert [w.wait(timeout=120) for w in workers] == [0] * 4
+    assert len(json.loads(file.read_text())) == 100 and not list(tmp_path.glob("*.partial"))
+
+
 def test_a_strategys_costs_are_kept_per_draft_file(target, tmp_path):
     """A -md draft of another size costs another amount: its file names the entry, as the model's does."""
     from vkdflash.spec import curve

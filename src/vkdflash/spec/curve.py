@@ -1,20 +1,17 @@
 """The target's verify cost curve: seconds of an n-row forward with every row's logits, measured
-once per (model file, device, cache types) and kept in $VKDFLASH_CACHE/verify-curves.json (or
-the file $VKDFLASH_CURVES names: the tests keep their timings apart); the draft-length controller
-refreshes it from live verify passes."""
+once per (model file, device, cache types) and kept with what else this machine measured
+(measured.py); the draft-length controller refreshes it from live verify passes."""
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import time
 import weakref
-from pathlib import Path
 
 import numpy as np
 
-from ..model.fetch import cache_dir
+from ..measured import load, measured_file, store
 from ..runtime.pipelines import spirv_build_id
 
 log = logging.getLogger("vkdflash")
@@ -99,14 +96,14 @@ def _key(model) -> str:
 def cached_costs(model) -> dict[int, float] | None:
     """The cached curve for this model, device and cache types, or None: none yet, or one that
     must be measured again."""
-    cached = _load().get(_key(model))
+    cached = load().get(_key(model))
     if not isinstance(cached, dict) or not cached:
         return None
     curve = {int(n): _seconds(s) for n, s in cached.items() if str(n).isdigit() and 0 < int(n) <= 1024}
     if len(curve) < len(cached) or None in curve.values() or 1 not in curve:
         # a 0 divided the controller's rates by zero, a NaN priced every length alike
         log.warning("the cached verify cost curve in %s holds entries that are not seconds of a pass "
-                    "(edited or damaged?): measuring it again", curve_file())
+                    "(edited or damaged?): measuring it again", measured_file())
         return None
     if plausible(curve) == curve:
         return curve
@@ -121,7 +118,7 @@ def verify_costs(model) -> dict[int, float]:
     curve = cached_costs(model)
     if curve is None:
         log.info("measuring the verify cost of %s-row passes of this model on this device (once; cached in %s)",
-                 "/".join(map(str, FIRST_ROWS)), curve_file())
+                 "/".join(map(str, FIRST_ROWS)), measured_file())
         # best of 4: one noisy pass once gave a 1-row figure 2.4x too high
         curve = measure(model, rows=FIRST_ROWS, context=4, reps=3)
         remember(model, curve)
@@ -139,7 +136,7 @@ def plausible(curve: dict) -> dict:
 def remember(model, seconds: dict) -> None:
     """Replace the cached curve with `seconds` (what a run learned from its live verify passes,
     so a curve measured while the machine was busy heals)."""
-    _store(_key(model), {str(n): float(s) for n, s in sorted(seconds.items())}, "the verify cost curve")
+    store(_key(model), {str(n): float(s) for n, s in sorted(seconds.items())}, "the verify cost curve")
 
 
 _proposed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # device context -> StrategyCosts keys that proposed on it
@@ -158,7 +155,7 @@ class StrategyCosts:
         self.known = self._cached()  # as the file held it when the run began
 
     def _cached(self) -> dict:
-        cached = _load().get(self.key)
+        cached = load().get(self.key)
         return cached if isinstance(cached, dict) else {}
 
     def first_seconds(self) -> float:
@@ -179,11 +176,11 @@ class StrategyCosts:
         keys = _proposed.setdefault(self.ctx, set())
         if self.key not in keys:
             keys.add(self.key)
-            _store(self.key, self._cached() | {"first": float(seconds)}, "a strategy's costs")
+            store(self.key, self._cached() | {"first": float(seconds)}, "a strategy's costs")
 
     def remember_drafts(self, seconds: dict) -> None:
         if seconds:
-            _store(self.key, self._cached() | {"draft": {str(k): float(v) for k, v in sorted(seconds.items())}},
+            store(self.key, self._cached() | {"draft": {str(k): float(v) for k, v in sorted(seconds.items())}},
                    "a strategy's costs")
 
 
@@ -200,42 +197,3 @@ def _seconds(value) -> float | None:
     """A cached figure that can be seconds (the file may have been edited or damaged)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 3600 and math.isfinite(value)
     return float(value) if ok else None
-
-
-def _store(key: str, value, what: str) -> None:
-    known = _load()
-    known[key] = value
-    path = curve_file()
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(known, indent=1))
-        os.replace(partial, path)  # whole or not at all: a run killed mid-write damaged no entry
-    except OSError as exc:  # a read-only cache only costs a measurement next time
-        partial.unlink(missing_ok=True)
-        log.warning("could not cache %s in %s: %s", what, path, exc)
-
-
-def curve_file() -> Path:
-    return Path(os.environ.get("VKDFLASH_CURVES") or cache_dir() / "verify-curves.json")
-
-
-def _load() -> dict:
-    path = curve_file()
-    try:
-        known = json.loads(path.read_text())
-    except OSError:
-        return {}  # none yet (or unreadable: then storing says so)
-    except ValueError:
-        known = None
-    if isinstance(known, dict):
-        return known
-    # the next store would overwrite it: kept beside, for whoever damaged or edited it
-    kept = path.with_name(path.name + ".damaged")
-    try:
-        os.replace(path, kept)
-        log.warning("%s is not a JSON object of cached costs (damaged or edited?): moved to %s; "
-                    "costs are measured again", path, kept)
-    except OSError as exc:
-        log.warning("%s is not a JSON object of cached costs, and could not be moved aside: %s", path, exc)
-    return {}
