@@ -160,7 +160,8 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
         return None
     from .plugins import lookup
     from .spec.controller import DraftController
-    from .spec.curve import StrategyCosts, cached_costs, curve_file, measure_here, remember, verify_costs
+    from .measured import measured_file
+    from .spec.curve import StrategyCosts, cached_costs, measure_here, remember, verify_costs
     from .spec.engine import Speculator
     from .spec.strategy import StrategyOptions
     options = StrategyOptions(draft_model=request.draft_model, draft_max=request.draft_max, p_min=request.draft_p_min,
@@ -175,7 +176,7 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
         curve = cached_costs(model) if lazy_curve else verify_costs(model)
         if curve is None:
             log.info("no verify cost curve cached for this model on this device (%s): measured once as many "
-                     "tokens as a request has generated could repay it; until then plain decoding", curve_file())
+                     "tokens as a request has generated could repay it; until then plain decoding", measured_file())
             measure = functools.partial(measure_here, model, cache=True)
         control = DraftController(request.draft_max, curve, persist=lambda curve: remember(model, curve),
                                   width=model.pass_width, guess=model.pass_cost_guess)
