@@ -183,6 +183,46 @@ def test_a_rotation_switch_that_is_no_integer_says_rotation_stays_on(monkeypatch
         "VKDFLASH_ATTN_ROT_DISABLE='yes-please' is not an integer, so KV rotation stays on (1 turns it off)"]
 
 
+def test_a_first_pass_compiles_while_the_next_process_loads_the_model(tmp_path, monkeypatch, caplog):
+    """The kernels a cold process's first 1-row pass compiled are submitted as the next process's
+    model starts loading (lavapipe keeps no pipeline cache); the next pass gives the same bits, and
+    a family's compile is still priced as the cold process paid it."""
+    from conftest import DEVICES
+    from vkdflash.measured import load
+    from vkdflash.model import prewarm
+    from vkdflash.runtime.context import Context
+    monkeypatch.setenv("VKDFLASH_CURVES", str(tmp_path / "measured.json"))
+    path = write_model(tmp_path / "m.gguf", "llama", n_embd=128, n_ff=256, n_head=2, n_head_kv=1, head_dim=64, seed=4)
+
+    def process(greedy: bool = False):
+        ctx = Context(DEVICES[0].index)
+        model = Model(ctx, load_model(path), n_ctx=16)
+        submitted = set(ctx.pipelines)  # before any pass
+        out = model.forward([7], greedy=greedy)
+        first = model.first_record[model._family(1, False)]
+        model.close()
+        ctx.close()
+        return submitted, out.ids if greedy else out.logits, first
+
+    none, cold_logits, cold = process()
+    (entry,) = load().values()
+    assert not none and entry["seconds"] == cold and len(entry["kernels"]) >= 5
+    with caplog.at_level("INFO", logger="vkdflash"):
+        submitted, logits, first = process()
+    assert submitted == {tuple(k[:3]) + (tuple(k[3]), tuple(k[4])) for k in entry["kernels"]}
+    assert np.array_equal(logits, cold_logits) and first >= cold and "while the model loads" in caplog.text
+    _, ids, _ = process(greedy=True)  # another mode's kernels replace the list; the cold price stays
+    assert ids[0] == int(np.argmax(cold_logits[-1]))
+    (greedy_entry,) = load().values()
+    assert greedy_entry["seconds"] == cold and greedy_entry["kernels"] != entry["kernels"]
+    (key,) = load()
+    for damage in ({**entry, "kernels": entry["kernels"][:-1]}, {**entry, "seconds": -1.0}, [1]):
+        monkeypatch.setattr(prewarm, "load", lambda: {key: damage})
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="vkdflash"):
+            assert process()[0] == set() and "damaged: not used" in caplog.text
+
+
 # -- SmolLM2-135M against llama.cpp's own numbers ------------------------------------------------
 
 

@@ -4,6 +4,7 @@ llama.cpp issue 25725 (injected K/V stored without the rotation the read path ap
 collapse DFlash acceptance -- proof these tests would catch the bug they exist for."""
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -148,7 +149,9 @@ def test_default_speculation_follows_the_measured_speedup_and_dflash_needs_no_md
     with caplog.at_level(logging.INFO, logger="vkdflash"):
         auto = CliRunner().invoke(main, ["-v"] + args)
     if "speculation on by default" in caplog.text:
-        assert not curves.exists() and "verify cost unmeasured: measuring it" in auto.output, auto.output
+        from vkdflash.model.prewarm import FORMAT  # the file may hold the first pass's kernels, no curve
+        assert all(k.endswith(FORMAT) for k in (json.loads(curves.read_text()) if curves.exists() else {}))
+        assert "verify cost unmeasured: measuring it" in auto.output, auto.output
     plain = CliRunner().invoke(main, args + ["--spec", "none"])
     dflash = CliRunner().invoke(main, args + ["--spec", "dflash", "--draft-fixed"])
     assert auto.exit_code == plain.exit_code == dflash.exit_code == 0, (auto.output, dflash.output)

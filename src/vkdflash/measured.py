@@ -19,6 +19,15 @@ def measured_file() -> Path:
     return Path(os.environ.get("VKDFLASH_CURVES") or cache_dir() / "verify-curves.json")
 
 
+def file_id(path) -> str:
+    """A file named by its path, size and time (a changed file is another)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return str(path)
+    return f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}"
+
+
 def load() -> dict:
     """Every entry; {} where there is no file (or it is unreadable: then storing says so)."""
     path = measured_file()

@@ -25,6 +25,7 @@ from ..kernels.softmax import FLAG_NONFINITE, argmax
 from ..kernels.weights import Weight
 from ..kv_cache import KVCache
 from ..runtime.graph import Graph
+from . import prewarm
 from .block import BlockBuffers, BlockShape, BlockWeights, record_block
 from .store import DeviceStore
 
@@ -53,6 +54,9 @@ class Model:
             raise VkdflashError(f"context size must be positive, got {n_ctx}")
         if hp.n_ctx_train and n_ctx > hp.n_ctx_train:
             log.warning("context %d exceeds the model's training context %d", n_ctx, hp.n_ctx_train)
+        # before the weights upload, so the 1-row pass's kernels compile beside it
+        self.prewarm_key = prewarm.entry_key(ctx, model_file.gguf.path, ctk, ctv, rotate)
+        self.prewarmed = prewarm.start(ctx, self.prewarm_key)
         self.store = DeviceStore(ctx)
         self.matmul_config = config_for(ctx.features)
         self.first_record: dict[tuple, float] = {}  # seconds to record a family's first pass (compiles)
@@ -228,6 +232,8 @@ class Model:
         if family in self.first_record:
             self.graph_seconds.append(seconds)
         else:
+            if not self.first_record and family == self._family(1, False):
+                seconds = prewarm.first_pass(self.prewarm_key, self.prewarmed, graph.kernels(), seconds)
             self.first_record[family] = seconds
         return graph
 

@@ -25,7 +25,7 @@ class Dispatch:
 
 class Graph:
     """Dispatches recorded in order. What they bind is kept to the graph: its public surface is
-    dispatch, ready, run, timings, after_run, len and destroy."""
+    dispatch, kernels, ready, run, timings, after_run, len and destroy."""
 
     def __init__(self, ctx, timestamps: bool = False):
         self.ctx = ctx
@@ -59,6 +59,10 @@ class Graph:
         self._dispatches.append(d)
         if owners:
             self._acting.approve(self, d)
+
+    def kernels(self) -> list[tuple]:
+        """The keys of the pipelines it dispatches (Context.pipeline's arguments), each once."""
+        return list(dict.fromkeys(d.pipeline.key for d in self._dispatches))
 
     def ready(self) -> None:
         """Wait until every kernel the graph dispatches has compiled (they compile side by side

@@ -42,6 +42,7 @@ class Pipeline:
         vk, ffi = ctx.vk, ctx.ffi
         self.ctx, self.shader, self.n_bindings, self.push_size = ctx, shader, n_bindings, push_size
         self.texels = frozenset(texels)  # bindings that are uniform texel buffers
+        self.key = (shader, n_bindings, push_size, tuple(spec), tuple(texels))  # as Context.pipeline names it
         code = spirv_bytes(shader)
         self.module = vk.vkCreateShaderModule(ctx.device, vk.VkShaderModuleCreateInfo(
             codeSize=len(code), pCode=code), None)

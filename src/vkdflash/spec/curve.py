@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 import weakref
 
 import numpy as np
 
-from ..measured import load, measured_file, store
+from ..measured import file_id, load, measured_file, store
 from ..runtime.pipelines import spirv_build_id
 
 log = logging.getLogger("vkdflash")
@@ -89,7 +88,7 @@ def _suspect(seconds: dict, guess) -> bool:
 
 def _key(model) -> str:
     f = model.ctx.features
-    return (f"{_file_id(model.mf.gguf.path)}|{f.name}|{f.driver}|{model.cache.ctk}/{model.cache.ctv}"
+    return (f"{file_id(model.mf.gguf.path)}|{f.name}|{f.driver}|{model.cache.ctk}/{model.cache.ctv}"
             f"|kernels {spirv_build_id()}|{CURVE_FORMAT}")
 
 
@@ -151,7 +150,7 @@ class StrategyCosts:
 
     def __init__(self, model, name: str, draft: str | None = None):
         """draft: the -md file the strategy runs (its size and time name it too), None for its own."""
-        self.ctx, self.key = model.ctx, f"{_key(model)}|strategy {name}" + (f"|{_file_id(draft)}" if draft else "")
+        self.ctx, self.key = model.ctx, f"{_key(model)}|strategy {name}" + (f"|{file_id(draft)}" if draft else "")
         self.known = self._cached()  # as the file held it when the run began
 
     def _cached(self) -> dict:
@@ -182,15 +181,6 @@ class StrategyCosts:
         if seconds:
             store(self.key, self._cached() | {"draft": {str(k): float(v) for k, v in sorted(seconds.items())}},
                    "a strategy's costs")
-
-
-def _file_id(path: str) -> str:
-    """A file named by its path, size and time (a changed file is another)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return path
-    return f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}"
 
 
 def _seconds(value) -> float | None:
