@@ -140,3 +140,27 @@ def test_a_context_past_the_storage_range_names_c(tmp_path):
     lines = res.output.strip().splitlines()
     assert res.exit_code == 1 and len(lines) == 1, res.output
     assert "-c 1048576 needs a K cache of 256 MiB per layer" in lines[0] and "lower -c" in lines[0]
+
+
+def test_a_full_output_is_one_line_not_a_traceback(tmp_path):
+    """`generate > /dev/full`: the disk's words, once, and no second complaint as stdout closes."""
+    from gguf_fixtures import write_model
+    path = write_model(tmp_path / "m.gguf", "llama", n_embd=128, n_ff=256, n_head=2, n_head_kv=2, head_dim=64)
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([sys.executable, "-c", "from vkdflash.cli import main; main()", "generate", "-m",
+                              str(path), "hi", "-n", "4", "--temp", "0", "-c", "64"], stdout=full, stderr=subprocess.PIPE,
+                             text=True, timeout=300)
+    assert res.returncode == 1 and res.stderr.strip().splitlines() == [
+        "vkdflash: error: No space left on device (writing the output?)"], res.stderr
+
+
+def test_devices_lists_what_is_there_whatever_vkdflash_device_says(monkeypatch):
+    monkeypatch.setenv("VKDFLASH_DEVICE", "99")
+    res = CliRunner().invoke(main, ["devices"])
+    assert res.exit_code == 0 and "0: " in res.stdout and "VKDFLASH_DEVICE=99: device index 99" in res.stderr
+
+
+def test_a_conformance_filter_that_matches_nothing_names_the_families():
+    res = CliRunner().invoke(main, ["conformance", "--filter", "mul_mat/q4_0*"])
+    assert res.exit_code == 1 and "start with a kernel family: add," in res.output and "matmul" in res.output
+    assert "matmul/q4_0*" in next(p.help for p in main.commands["conformance"].params if p.name == "pattern")

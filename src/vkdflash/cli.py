@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 
 import click
 
-from .errors import VkdflashError
+from .errors import VkdflashError, quote
 from .cli_options import DEVICE_OPTION, FiniteFloatRange, OutputFile, Utf8Text, model_options, open_model
 from .cli_spec import build_speculator, spec_options
 from .cli_stream import TextStream
@@ -39,6 +40,12 @@ class Cli(click.Group):
         except KeyboardInterrupt:
             click.echo("vkdflash: interrupted", err=True)
             sys.exit(130)
+        except OSError as exc:  # the output's disk full, a file gone mid-run: the system's words, one line
+            click.echo(f"vkdflash: error: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else
+                                                                 " (writing the output?)"), err=True)
+            if exc.filename is None:  # stdout itself may be what failed: its last flush must not print more
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
@@ -59,7 +66,12 @@ def devices(as_json: bool) -> None:
     if not devs:
         raise VkdflashError("no Vulkan device found: install a Vulkan driver, e.g. `apt-get install "
                             "libvulkan1 mesa-vulkan-drivers`")
-    chosen = choose_device()
+    try:
+        chosen = choose_device()
+    except VkdflashError as exc:  # a bad VKDFLASH_DEVICE: this is the command that shows what is there
+        chosen, unchosen = None, str(exc)
+    else:
+        unchosen = None
     if as_json:
         click.echo(json.dumps([dict(d.as_dict(), default=d.index == chosen) for d in devs], indent=1))
         return
@@ -77,6 +89,8 @@ def devices(as_json: bool) -> None:
         if "llvmpipe" in d.driver:
             click.echo(f"    {Instance.get().cpu_driver}")
     click.echo("(* = default device; choose with --device or VKDFLASH_DEVICE)")
+    if unchosen:
+        click.echo(f"VKDFLASH_DEVICE={os.environ.get('VKDFLASH_DEVICE')}: {unchosen}", err=True)
 
 
 @main.command()
@@ -104,7 +118,7 @@ def inspect(path) -> None:
 @main.command()
 @DEVICE_OPTION
 @click.option("--filter", "pattern", default=None, metavar="PATTERN",
-              help="Run only cases whose name matches (substring or glob, e.g. 'mul_mat/q4_0*').")
+              help="Run only cases whose name matches (substring or glob, e.g. 'matmul/q4_0*').")
 @click.option("--json", "json_path", default=None, type=OutputFile(), help="Also write every result to this JSON file.")
 @click.option("--quick", is_flag=True, help="Skip the cases marked slow.")
 def conformance(device, pattern, json_path, quick) -> None:
@@ -113,7 +127,9 @@ def conformance(device, pattern, json_path, quick) -> None:
     from .runtime.context import Context
     cases = all_cases(pattern, include_slow=not quick)
     if not cases:
-        raise VkdflashError(f"no conformance case matches {pattern!r}")
+        families = sorted({c.name.split("/")[0] for c in all_cases(None, include_slow=True)})
+        raise VkdflashError(f"no conformance case matches {quote(pattern)}; case names start with a kernel "
+                            f"family: {', '.join(families)} (e.g. 'matmul/q4_0*')")
     ctx = Context(device)
     results = []
     try:
