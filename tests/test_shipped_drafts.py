@@ -159,6 +159,7 @@ def test_default_speculation_follows_the_measured_speedup_and_dflash_needs_no_md
         assert "speculation off by default" in caplog.text and re.search(r"dflash \d\.\d\dx", caplog.text)
     elif DEVICES[0].device_type == "cpu":
         assert f"speculation on by default: {paying[0]}" in caplog.text
+        assert re.search(r"\d\.\d\dx plain decoding in bench spec on a CPU", caplog.text)  # what qualified it
     else:
         assert "speculation on by default" in caplog.text and "cost-aware length" in caplog.text
     text = lambda res: res.stdout.split("prompt ")[0]  # noqa: E731 -- the generated text, before the stats

@@ -74,10 +74,14 @@ class SpecRequest:
         if not found:
             return "none"
         best = found[0]
-        tau = f", suite tau {best['tau']:.2f}" if best.get("tau") else ""
-        log.info("speculation on by default: %s with the draft shipped for this model (%s%s); %s", best["strategy"],
-                 best["path"], tau, "the draft length follows the measured cost on this device (--draft-fixed: "
-                 "always draft; --spec none: off)" if not self.draft_fixed else "--draft-fixed: always drafting")
+        why = [f"suite tau {d['tau']:.2f}" if d.get("tau") else "" for d in found]
+        if device_type == "cpu":  # what qualified it here
+            why[0] += f"{', ' if why[0] else ''}{best['cpu_speedup']:.2f}x plain decoding in bench spec on a CPU"
+        passed = "".join(f"; over {d['strategy']} ({w or 'no record'})" for d, w in zip(found[1:], why[1:]))
+        log.info("speculation on by default: %s with the draft shipped for this model (%s, %s%s); %s",
+                 best["strategy"], best["path"], why[0] or "no record", passed,
+                 "the draft length follows the measured cost on this device (--draft-fixed: always draft; "
+                 "--spec none: off)" if not self.draft_fixed else "--draft-fixed: always drafting")
         return best["strategy"]
 
     def settings(self, name: str) -> dict:
