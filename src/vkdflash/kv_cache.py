@@ -13,6 +13,7 @@ import functools
 import itertools
 import logging
 import os
+import reprlib
 import weakref
 from dataclasses import dataclass
 
@@ -20,10 +21,11 @@ import numpy as np
 
 from . import plugins
 from .errors import VkdflashError, quote
-from .kernels.attention import attention, cache_nbytes
+from .kernels.attention import MAX_HEAD_DIM, attention, cache_nbytes
 from .kernels.hadamard import fwht, rotation_block
 from .kernels.kv_store import store_rows
 from .kernels.types import CACHE_TYPES, get_type
+from .model.hparams import MAX_CTX, MAX_HEADS, MAX_LAYERS
 from .runtime.memory import as_view
 from .runtime.ownership import Owner
 
@@ -45,6 +47,22 @@ def rotation_disabled_by_env() -> bool:
 def _ignored_switch(value: str) -> None:
     """Say once that a value llama.cpp's rule ignores is ignored ("yes" looks like it disabled rotation)."""
     log.warning("VKDFLASH_ATTN_ROT_DISABLE=%s is not an integer, so KV rotation stays on (1 turns it off)", quote(value))
+
+
+def _rotation_switched_off(rotate: bool) -> str | None:
+    """What turned rotation off for every cache type, if anything."""
+    if rotation_disabled_by_env():
+        return f"VKDFLASH_ATTN_ROT_DISABLE={os.environ['VKDFLASH_ATTN_ROT_DISABLE'].strip()}"
+    return None if rotate else "--no-kv-rotation"
+
+
+def _rotation_note(cache_type: str, head_dim: int, block: int, switched_off: str | None) -> str:
+    """A half's rotation for the log: on with its block size, or off and why."""
+    if block:
+        return f"on, n={block}"
+    if not get_type(cache_type).quantized:
+        return f"off: {cache_type} needs none"
+    return f"off: {switched_off or f'head_dim {head_dim} is not a multiple of 64'}"
 
 
 @dataclass(frozen=True)
@@ -74,33 +92,55 @@ def _written(info: CacheInfo, layer: int, positions, n_rows: int) -> None:
         plugins.notify("kv_cache_written", cache=info, layer=layer, positions=pos)
 
 
+def _check_shape(ctx, name: str, n_layer, n_ctx, n_head_kv, head_dim, ctk: str, ctv: str) -> None:
+    """Dimensions a cache can be made of (Vulkan's bind of a 0-byte buffer crashes the process),
+    each layer's K and V within the device's storage range (attention binds them whole)."""
+    for dim, value, most in (("n_layer", n_layer, MAX_LAYERS), ("n_ctx", n_ctx, MAX_CTX),
+                             ("n_head_kv", n_head_kv, MAX_HEADS), ("head_dim", head_dim, MAX_HEAD_DIM)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= most:
+            raise VkdflashError(f"the {name} KV cache's {dim} must be a whole number in 1..{most}, "
+                                f"not {reprlib.repr(value)}")
+    limit = ctx.features.max_storage_buffer_range
+    for half, t in (("K", ctk), ("V", ctv)):
+        if get_type(t).name not in CACHE_TYPES:
+            raise VkdflashError(f"{t} is not a KV cache type for {half}; choose one of {', '.join(CACHE_TYPES)}")
+        if get_type(t).quantized and head_dim % 32:
+            raise VkdflashError(f"a quantized {half} cache needs head_dim divisible by 32, got {head_dim}")
+        need = cache_nbytes(t, n_ctx, n_head_kv, head_dim)
+        if need > limit:
+            raise VkdflashError(f"the {name} KV cache needs {need} bytes a layer for {half}, more than the "
+                                f"device's storage range of {limit} bytes")
+
+
 class KVCache:
     def __init__(self, ctx, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int,
                  ctk: str = "f16", ctv: str = "f16", rotate: bool = True, name: str = "target"):
-        for half, t in (("K", ctk), ("V", ctv)):
-            if get_type(t).name not in CACHE_TYPES:
-                raise VkdflashError(f"{t} is not a KV cache type for {half}; choose one of {', '.join(CACHE_TYPES)}")
-            if get_type(t).quantized and head_dim % 32:
-                raise VkdflashError(f"a quantized {half} cache needs head_dim divisible by 32, got {head_dim}")
+        _check_shape(ctx, name, n_layer, n_ctx, n_head_kv, head_dim, ctk, ctv)
         self.ctx, self.name = ctx, name
+        n_layer, n_ctx, n_head_kv, head_dim = int(n_layer), int(n_ctx), int(n_head_kv), int(head_dim)
         self.n_layer, self.n_ctx, self.n_head_kv, self.head_dim = n_layer, n_ctx, n_head_kv, head_dim
         self.ctk, self.ctv = get_type(ctk).name, get_type(ctv).name
-        rotate = rotate and not rotation_disabled_by_env()
-        self.k_rot = rotation_block(self.ctk, head_dim, "k") if rotate else 0
-        self.v_rot = rotation_block(self.ctv, head_dim, "v") if rotate else 0
+        switched_off = _rotation_switched_off(rotate)
+        self.k_rot = 0 if switched_off else rotation_block(self.ctk, head_dim, "k")
+        self.v_rot = 0 if switched_off else rotation_block(self.ctv, head_dim, "v")
         self.row_len = n_head_kv * head_dim
         self._owner = Owner(f"the {name} KV cache")
-        self.k = [ctx.buffer(cache_nbytes(self.ctk, n_ctx, n_head_kv, head_dim), owner=self._owner)
-                  for _ in range(n_layer)]
-        self.v = [ctx.buffer(cache_nbytes(self.ctv, n_ctx, n_head_kv, head_dim), owner=self._owner)
-                  for _ in range(n_layer)]
+        self.k, self.v = [], []
+        try:
+            for _ in range(n_layer):
+                self.k.append(ctx.buffer(cache_nbytes(self.ctk, n_ctx, n_head_kv, head_dim), owner=self._owner))
+                self.v.append(ctx.buffer(cache_nbytes(self.ctv, n_ctx, n_head_kv, head_dim), owner=self._owner))
+        except VkdflashError:  # out of memory part way: what was allocated is freed now, not at exit
+            for buf in self.k + self.v:
+                buf.destroy()
+            raise
         self.n_past = 0  # committed positions; the rest of each buffer is stale and never read
         self.info = CacheInfo(next(_keys), name, n_layer, n_ctx, n_head_kv, head_dim, self.ctk, self.ctv,
                               self.k_rot, self.v_rot)
         _caches[self.info.key] = self
         log.info("%s KV cache: %d layers x %d positions, K %s (rotation %s), V %s (rotation %s)",
-                 name, n_layer, n_ctx, self.ctk, f"on, n={self.k_rot}" if self.k_rot else "off",
-                 self.ctv, f"on, n={self.v_rot}" if self.v_rot else "off")
+                 name, n_layer, n_ctx, self.ctk, _rotation_note(self.ctk, head_dim, self.k_rot, switched_off),
+                 self.ctv, _rotation_note(self.ctv, head_dim, self.v_rot, switched_off))
 
     def describe(self) -> dict:
         return {"k_type": self.ctk, "v_type": self.ctv, "k_rotation": self.k_rot, "v_rotation": self.v_rot,

@@ -65,6 +65,7 @@ class Weight:
         padded[:rows, :self.row_bytes] = raw.reshape(rows, self.row_bytes)
         self.buffer = ctx.buffer(self.nbytes)
         self.buffer.write(self._interleave(padded, self.tile))
+        self.buffer.read_only = f"the weight {name}"  # borrowed by strategies: uploaded once, never changed
         # pieces hold whole tiles
         span = self.tile * self.stride
         self.pieces = [Piece(t * self.tile, min(n * self.tile, rows - t * self.tile), self.buffer.view(t * span, n * span))

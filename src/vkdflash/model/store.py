@@ -8,6 +8,7 @@ import numpy as np
 
 from ..kernels.weights import Weight
 from ..kernels.blocks import dequantize
+from ..runtime.memory import buffer_size
 
 
 class DeviceStore:
@@ -23,7 +24,7 @@ class DeviceStore:
 
     def buffer(self, nbytes: int, host: bool = False):
         """Scratch memory; host=True for what the host writes or reads every step (mapped)."""
-        return self.adopt(self.ctx.buffer(max(16, nbytes), host))
+        return self.adopt(self.ctx.buffer(max(16, buffer_size(nbytes)), host))
 
     def matrix(self, tensor, name: str) -> Weight:
         """A 2-D GGUF tensor (TensorData), uploaded in its own block layout."""
@@ -50,6 +51,7 @@ class DeviceStore:
         values = dequantize(np.asarray(tensor.data), tensor.type_id, tensor.shape[0]).reshape(-1).astype(np.float32)
         buf = self.buffer(values.nbytes * repeat)
         buf.write(np.tile(values, repeat))
+        buf.read_only = "a model's weight vector"  # borrowed by strategies: uploaded once, never changed
         return buf
 
     def graph(self, key, record):

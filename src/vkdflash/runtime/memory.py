@@ -4,6 +4,7 @@ Binding ranges are limited by maxStorageBufferRange (128 MiB on lavapipe); `piec
 row-major tensor into bindable row ranges so kernels can be dispatched once per piece."""
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,15 +24,26 @@ def _find_memory(ctx, type_bits: int, want: int, avoid: int = 0) -> int | None:
 STAGING_BYTES = 64 << 20  # transfers through unmappable memory go in pieces of this size
 
 
+def buffer_size(nbytes) -> int:
+    """A buffer's size as an int: Vulkan's bind of a 0-byte buffer crashes the process."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes <= 0:
+        raise VkdflashError(f"a buffer needs a positive whole number of bytes, not {reprlib.repr(nbytes)}")
+    return int(nbytes)
+
+
 class Buffer:
     def __init__(self, ctx, nbytes: int, host: bool = False, owner=None):
         vk = ctx.vk
-        self.ctx, self.nbytes = ctx, int(nbytes)
+        self.ctx, self.nbytes = ctx, buffer_size(nbytes)
         self.owner = owner  # an ownership.Owner: only its code may bind or write this memory
+        self.read_only = None  # what the buffer holds when it must not change (a weight): write() says it
         usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT
                  | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
-        self.handle = vk.vkCreateBuffer(ctx.device, vk.VkBufferCreateInfo(
-            size=self.nbytes, usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        try:
+            self.handle = vk.vkCreateBuffer(ctx.device, vk.VkBufferCreateInfo(
+                size=self.nbytes, usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        except vk.VkError as exc:  # lavapipe refuses a size past its heap here, before any allocation
+            raise self._out_of_memory(exc) from None
         req = vk.vkGetBufferMemoryRequirements(ctx.device, self.handle)
         local, visible = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, (
             vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
@@ -50,8 +62,7 @@ class Buffer:
                 allocationSize=req.size, memoryTypeIndex=mtype), None)
         except vk.VkError as exc:
             vk.vkDestroyBuffer(ctx.device, self.handle, None)
-            raise VkdflashError(f"out of device memory allocating {self.nbytes >> 20} MiB "
-                                f"({type(exc).__name__})") from exc
+            raise self._out_of_memory(exc) from None
         vk.vkBindBufferMemory(ctx.device, self.handle, self.memory, 0)
         flags = ctx.memory_props.memoryTypes[mtype].propertyFlags
         self.mapped = None
@@ -60,9 +71,15 @@ class Buffer:
             self.mapped = np.frombuffer(raw, dtype=np.uint8)
         ctx.track(self)
 
+    def _out_of_memory(self, exc) -> VkdflashError:
+        return VkdflashError(f"out of device memory: a buffer of {self.nbytes} bytes ({self.nbytes / 2**20:.1f} MiB) "
+                             f"was asked for ({type(exc).__name__})")
+
     def write(self, data, offset: int = 0) -> None:
         if self.owner is not None:
             raise VkdflashError(f"{self.owner.name} memory is written only by its own store kernel")
+        if self.read_only:
+            raise VkdflashError(f"this buffer is {self.read_only}: read only")
         src = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         if offset + src.nbytes > self.nbytes:
             raise VkdflashError(f"write of {src.nbytes} bytes at {offset} overflows a {self.nbytes}-byte buffer")

@@ -12,15 +12,20 @@ switched off for the rest of the request with a one-line warning; generation goe
 from __future__ import annotations
 
 import logging
+import reprlib
 import time
 from dataclasses import dataclass
+from numbers import Real
+
+import numpy as np
 
 from ..errors import VkdflashError
 from ..kernels.types import get_type
+from ..kv_cache import rotation_disabled_by_env
 from .controller import DraftController
 from .curve import FIRST_ROWS, measuring_passes
 from .stats import SpecStats
-from .strategy import Proposal, StrategyContext, invalid_proposal
+from .strategy import InvalidProposal, Proposal, StrategyContext, checked_proposal
 from .verify import verify, verify_greedy
 
 log = logging.getLogger("vkdflash")
@@ -51,6 +56,10 @@ class TargetView:
 
 
 def target_view(model) -> TargetView:
+    # read only since their upload; a strategy that writes one is told whose it is
+    for buffer, name in ((model.embd.buffer, model.embd.name), (model.output.buffer, model.output.name),
+                         (model.output_norm, "output_norm.weight")):
+        buffer.read_only = f"the target's weight {name}"
     return TargetView(model.hp, model.embd, model.output, model.output_norm, model.cache.n_ctx, model.mf)
 
 
@@ -59,6 +68,32 @@ def _why(what: str, exc: Exception) -> str:
     if isinstance(exc, VkdflashError):  # already the user's one line (e.g. a malformed draft file)
         return str(exc)
     return f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+
+def _declared(strategy, n_layer: int) -> tuple:
+    """A strategy's capture_layers, expected_first_acceptance and longest_draft, checked (a bad
+    one is the plugin's bug, said as it starts, not a traceback or a silent misprice later)."""
+    capture = getattr(strategy, "capture_layers", ())
+    try:
+        layers = tuple(capture)
+    except TypeError:
+        layers = None
+    if layers is None or not all(_whole(c) and 0 <= c <= n_layer for c in layers):
+        raise VkdflashError(f"capture_layers must be target layer-input ids in 0..{n_layer}, not "
+                            f"{reprlib.repr(capture)}")
+    expected = getattr(strategy, "expected_first_acceptance", None)
+    if expected is not None and not (isinstance(expected, Real) and not isinstance(expected, bool)
+                                     and 0 <= expected <= 1):  # NaN fails the range too
+        raise VkdflashError(f"expected_first_acceptance must be None or a number in 0..1, not {reprlib.repr(expected)}")
+    longest = getattr(strategy, "longest_draft", None)
+    if longest is not None and not (_whole(longest) and longest > 0):
+        raise VkdflashError(f"longest_draft must be None or a positive whole number, not {reprlib.repr(longest)}")
+    return (tuple(int(c) for c in layers), None if expected is None else float(expected),
+            None if longest is None else int(longest))
+
+
+def _whole(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 class Speculator:
@@ -80,26 +115,29 @@ class Speculator:
         self._warned = False
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
+        self.strategy = None
         try:  # a start that fails is the user's error (a bad draft file or option): said once, as the error
             self.strategy = factory(self.ctx)
+            if self.strategy is None:
+                raise VkdflashError("its factory returned nothing")
+            self.capture, self.expected, longest = _declared(self.strategy, model.hp.n_layer)
         except Exception as exc:  # noqa: BLE001 -- one line, never a plugin's traceback
+            self._drop_strategy()  # what it made so far is freed now, not when the process ends
+            self.ctx.close()
             raise VkdflashError(f"strategy {name} could not start: {_why('start', exc)}") from None
-        if self.strategy is None:
-            raise VkdflashError(f"strategy {name} could not start: its factory returned nothing")
-        self.capture = tuple(getattr(self.strategy, "capture_layers", ()))
-        expected = getattr(self.strategy, "expected_first_acceptance", None)
-        if expected:
-            self.control.acceptance.expect(expected)  # the draft's own record: the controller's first guess
-        longest = getattr(self.strategy, "longest_draft", None)
+        if self.expected:
+            self.control.acceptance.expect(self.expected)  # the draft's own record: the controller's first guess
         capped = ""
-        if isinstance(longest, int) and 0 < longest < options.draft_max:
+        if longest and longest < options.draft_max:
             self.control.limit(longest)
             stats.draft_max, capped = longest, f"the strategy's longest draft, not --draft-max {options.draft_max}; "
+        caches = (f"draft cache K {options.cache_type_k} V {options.cache_type_v}" if self.ctx.cache_names
+                  else "no draft cache")
         log.info("speculation: strategy %s, draft max %d (%s%s length, a_1 prior %.2f from %s), draft p-min %g, "
-                 "captures %s, draft cache K %s V %s", name, stats.draft_max, capped,
+                 "captures %s, %s", name, stats.draft_max, capped,
                  "fixed" if self.control.fixed else "cost-aware", self.control.acceptance.first_prior,
-                 "the draft's record" if expected else "no record", options.p_min, list(self.capture) or "none",
-                 options.cache_type_k, options.cache_type_v)
+                 "the draft's record" if self.expected else "no record", options.p_min, list(self.capture) or "none",
+                 caches)
         if (self._first_seconds or drafts) and not self.control.fixed:  # a fixed length prices nothing
             log.info("%s as an earlier run here measured it (priced until this run times it): first proposal "
                      "%.2f s, proposals of k drafts %s", name, self._first_seconds,
@@ -118,11 +156,14 @@ class Speculator:
             return
         log.warning("strategy %s switched off for this request: %s", self.stats.strategy, why)
         self.stats.disabled = why
+        self._drop_strategy()
+
+    def _drop_strategy(self) -> None:
         strategy, self.strategy = self.strategy, None
         if strategy is not None:
             try:
                 strategy.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 -- it is off either way
                 pass
 
     def _committed(self, out, start: int, rows: int, tokens: list) -> None:
@@ -139,11 +180,11 @@ class Speculator:
         self.stats.draft_seconds += time.perf_counter() - t0
         if self.strategy is None:
             return Proposal([])
-        problem = invalid_proposal(prop, max_n, self.model.hp.n_vocab)
-        if problem:
-            self._disable(problem)
+        try:
+            return checked_proposal(prop, max_n, self.model.hp.n_vocab)  # what is verified is what was checked
+        except InvalidProposal as exc:
+            self._disable(str(exc))
             return Proposal([])
-        return Proposal([int(t) for t in prop.tokens], prop.probs)
 
     def tokens(self, prompt_ids: list, sampler, budget: int, gen_stats):
         """Yield generated token ids, committing speculatively; `budget` bounds drafting."""
@@ -238,7 +279,7 @@ class Speculator:
     def _watch(self) -> None:
         """One warning when live first-draft acceptance falls far below what the draft recorded:
         the symptom of llama.cpp issue 25725 (a quantized draft cache written without rotation)."""
-        expected = getattr(self.strategy, "expected_first_acceptance", None)
+        expected = self.expected if self.strategy is not None else None
         st = self.stats
         if self._warned or not expected or st.steps < WATCH_STEPS:
             return
@@ -259,7 +300,8 @@ class Speculator:
         """The causes that apply: what differs from how a draft's record is measured (f16 draft
         caches, greedy); the prompts can always be unlike the training data."""
         o, temp = self.ctx.options, self.ctx.temperature
-        caches = f"K {o.cache_type_k}, V {o.cache_type_v}, KV rotation {'on' if o.rotate else 'OFF'}"
+        rotated = o.rotate and not rotation_disabled_by_env()
+        caches = f"K {o.cache_type_k}, V {o.cache_type_v}, KV rotation {'on' if rotated else 'OFF'}"
         causes = []
         if any(get_type(t).quantized for t in (o.cache_type_k, o.cache_type_v)):
             causes.append(f"the quantized draft cache ({caches})")

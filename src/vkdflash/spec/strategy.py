@@ -8,11 +8,13 @@ operations are the matching read path and truncate: no buffers, ever."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import VkdflashError
+from ..kernels.kv_store import write_positions
 from ..kv_cache import KVCache, _caches
 
 log = logging.getLogger("vkdflash")
@@ -28,23 +30,49 @@ class Proposal:
     probs: np.ndarray | None = None
 
 
-def invalid_proposal(prop, max_n: int, n_vocab: int) -> str | None:
-    """What makes a strategy's proposal unusable (the engine then switches the strategy off), or None."""
-    tokens = list(getattr(prop, "tokens", None) or [])
-    if len(tokens) > max_n or not all(isinstance(t, (int, np.integer)) and 0 <= t < n_vocab for t in tokens):
-        return f"proposed invalid tokens {tokens[:8]!r} (max {max_n}, vocabulary {n_vocab})"
+class InvalidProposal(VkdflashError):
+    """Why a strategy's proposal is unusable (the engine then switches the strategy off)."""
+
+
+def checked_proposal(prop, max_n: int, n_vocab: int) -> Proposal:
+    """A strategy's proposal as the engine uses it: tokens a list of ints, probs None or an array
+    of their [len(tokens), n_vocab] distributions. Raises InvalidProposal saying what is wrong."""
+    if not hasattr(prop, "tokens"):
+        raise InvalidProposal(f"propose returned {type(prop).__name__}, not a Proposal")
+    tokens = _token_list(prop.tokens)
+    if len(tokens) > max_n or not all(0 <= t < n_vocab for t in tokens):
+        raise InvalidProposal(f"proposed invalid tokens {tokens[:8]!r} (max {max_n}, vocabulary {n_vocab})")
     probs = getattr(prop, "probs", None)
     if probs is None:
-        return None
+        return Proposal(tokens)
     probs = np.asarray(probs)
     if probs.shape != (len(tokens), n_vocab):
-        return f"draft probabilities have shape {probs.shape}, expected ({len(tokens)}, {n_vocab})"
+        raise InvalidProposal(f"draft probabilities have shape {probs.shape}, expected ({len(tokens)}, {n_vocab})")
+    if probs.dtype.kind not in "iuf":  # bool, complex, strings, objects: no probabilities
+        raise InvalidProposal(f"draft probabilities are not all finite and non-negative: not a numeric array "
+                              f"(dtype {probs.dtype})")
     # the verifier divides by them; negative ones had drawn tokens outside the vocabulary steps later
-    if not np.issubdtype(probs.dtype, np.number) or not np.isfinite(probs).all() or (probs < 0).any():
-        return "draft probabilities are not all finite and non-negative"
+    if not np.isfinite(probs).all() or (probs < 0).any():
+        raise InvalidProposal("draft probabilities are not all finite and non-negative")
     if probs.size and not (probs.sum(axis=1) > 0).all():
-        return "draft probabilities have a row that sums to 0"
-    return None
+        raise InvalidProposal("draft probabilities have a row that sums to 0")
+    return Proposal(tokens, probs)
+
+
+def _token_list(tokens) -> list:
+    """Drafted ids as ints, from a sequence or a 1-D integer array (an iterator is refused: reading
+    it to check it would leave nothing to verify)."""
+    if isinstance(tokens, np.ndarray):
+        if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
+            raise InvalidProposal(f"proposed tokens as an array of shape {tokens.shape} and dtype {tokens.dtype}, "
+                                  "not a 1-D integer array")
+        return tokens.tolist()
+    if not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes)):
+        raise InvalidProposal(f"proposed tokens as {type(tokens).__name__}, not a list of token ids")
+    tokens = list(tokens)
+    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens):
+        raise InvalidProposal(f"proposed invalid tokens {tokens[:8]!r}: not all integers")
+    return [int(t) for t in tokens]
 
 
 class KVHandle:
@@ -72,32 +100,32 @@ class KVHandle:
         self._cache().record_write(graph, layer, k_rows, v_rows, positions, n_rows)
 
     def write(self, gpu, layer: int, k_rows, v_rows, positions) -> None:
-        """Write now: host or device f32 rows [n, n_head_kv*head_dim] at host positions. Device
-        rows are only read, so the same rows can go to any number of caches."""
+        """Write now: host or device f32 rows [n, n_head_kv*head_dim] at host positions (integers,
+        each once: rows stored at one position race). Device rows are only read, so the same rows
+        can go to any number of caches."""
         from ..runtime.graph import Graph
-        pos = np.asarray(positions, np.int64).reshape(-1)
+        pos = np.asarray(positions).reshape(-1)
         n, width = pos.size, self._info.n_head_kv * self._info.head_dim
         if n == 0:
             return
-        if pos.min() < 0 or pos.max() >= self._info.n_ctx:
-            raise VkdflashError(f"{self._info.name} cache position {int(pos.max())} outside 0..{self._info.n_ctx - 1}")
-        bufs = []
-        views = []
-        for rows in (k_rows, v_rows):
-            if isinstance(rows, np.ndarray):
-                rows = np.ascontiguousarray(rows, np.float32)
-                if rows.shape != (n, width):
-                    raise VkdflashError(f"cache rows must be [{n}, {width}] f32, got {rows.shape}")
-                rows = gpu.upload(rows)
-                bufs.append(rows)
-            views.append(rows)
-        pbuf = gpu.upload(pos.astype(np.uint32))
-        g = Graph(gpu)
-        self._cache().record_write(g, layer, views[0], views[1], pbuf, n)
-        g.run()
-        g.destroy()
-        for b in bufs + [pbuf]:
-            b.destroy()
+        pbuf, g = gpu.buffer(4 * n), Graph(gpu)
+        owned, views = [pbuf], []
+        try:
+            write_positions(pbuf, pos, self._info.n_ctx)  # every store's check: integers, in the cache, each once
+            for rows in (k_rows, v_rows):
+                if isinstance(rows, np.ndarray):
+                    rows = np.ascontiguousarray(rows, np.float32)
+                    if rows.shape != (n, width):
+                        raise VkdflashError(f"cache rows must be [{n}, {width}] f32, got {rows.shape}")
+                    rows = gpu.upload(rows)
+                    owned.append(rows)
+                views.append(rows)
+            self._cache().record_write(g, layer, views[0], views[1], pbuf, n)
+            g.run()
+        finally:
+            g.destroy()
+            for b in owned:
+                b.destroy()
 
     def attend(self, graph, layer: int, q, out, params, n_q: int, n_head: int, mask: str = "causal") -> None:
         """Record attention over this cache (the read path: Q rotated as the kernel reads it,
@@ -155,7 +183,7 @@ class StrategyContext:
     def create_kv_cache(self, n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int | None = None,
                         name: str = "draft") -> KVHandle:
         """A KV cache in the draft cache types (-ctkd/-ctvd), rotated like every other cache."""
-        cache = KVCache(self.gpu, n_layer, n_ctx or self.target.n_ctx, n_head_kv, head_dim,
+        cache = KVCache(self.gpu, n_layer, self.target.n_ctx if n_ctx is None else n_ctx, n_head_kv, head_dim,
                         self.options.cache_type_k, self.options.cache_type_v, self.options.rotate, name)
         _owned.setdefault(id(self), []).append(cache)
         return KVHandle(cache)
