@@ -58,7 +58,13 @@ def install_first(monkeypatch, name, plugin):
 
 
 def offering(*entries):
+    """A plugin shipping `entries` for its own strategy "offered" (alias "offered-alias")."""
     class Offers:
+        @staticmethod
+        @hookimpl
+        def register_strategies(register):
+            register("offered", lambda ctx: None, aliases=("offered-alias",))
+
         @staticmethod
         @hookimpl
         def shipped_drafts(model_file):
@@ -66,16 +72,19 @@ def offering(*entries):
     return Offers
 
 
-GOOD = {"strategy": "ngram", "path": "good.gguf", "tau": 0.5, "cpu_speedup": 2.0}
+FILE = __file__  # an existing file for a draft's path
+GOOD = {"strategy": "offered", "path": FILE, "tau": 0.5, "cpu_speedup": 2.0}
 
 
 @pytest.mark.parametrize("bad,words", [
-    ("junk", ["a str, not a dict"]), ({}, ["strategy None is not a registered one"]),
-    ({"strategy": "ngram", "path": "x.gguf", "tau": "high"}, ["tau 'high'"]),
-    ({"strategy": "ngram", "path": "x.gguf", "cpu_speedup": "fast"}, ["cpu_speedup 'fast'"]),
-    ({"strategy": "ngram", "path": "x.gguf", "tau": float("nan")}, ["tau nan"]),
-    ({"strategy": "ngram", "path": None}, ["path None"]),
-    ({"strategy": "nosuch", "path": "x.gguf"}, ["strategy 'nosuch' is not a registered one", "ngram"])])
+    ("junk", ["a str, not a dict"]), ({}, ["strategy None is not one the plugin registers"]),
+    ({"strategy": "offered", "path": FILE, "tau": "high"}, ["tau 'high'"]),
+    ({"strategy": "offered", "path": FILE, "cpu_speedup": "fast"}, ["cpu_speedup 'fast'"]),
+    ({"strategy": "offered", "path": FILE, "tau": float("nan")}, ["tau nan"]),
+    ({"strategy": "offered", "path": None}, ["path None"]),
+    ({"strategy": "offered", "path": "x.gguf"}, ["path 'x.gguf' is not an existing file"]),
+    ({"strategy": "ngram", "path": FILE}, ["strategy 'ngram' is not one the plugin registers", "offered"]),
+    ({"strategy": "nosuch", "path": FILE}, ["strategy 'nosuch' is not one the plugin registers", "offered"])])
 def test_a_bad_shipped_draft_is_dropped_with_one_warning_naming_the_plugin(bad, words, caplog):
     plugins.manager().register(offering(bad, GOOD), name="offers")
     assert plugins.shipped(None) == [GOOD]
@@ -89,8 +98,8 @@ def test_shipped_drafts_that_is_not_a_list_is_ignored_and_aliases_are_spelled_by
         def shipped_drafts(model_file):
             return {"tau": "high"}
     plugins.manager().register(NotAList, name="notalist")
-    plugins.manager().register(offering(dict(GOOD, strategy="draft-mtp")), name="offers")
-    assert plugins.shipped(None) == [dict(GOOD, strategy="mtp")]
+    plugins.manager().register(offering(dict(GOOD, strategy="offered-alias")), name="offers")
+    assert plugins.shipped(None) == [GOOD]
     assert len(warnings(caplog, "plugin notalist", "returned a dict, not a list")) == 1
 
 

@@ -76,10 +76,16 @@ def test_a_draft_file_no_plugin_claims_is_a_one_line_error(model):
 
 
 def test_a_third_party_plugin_claims_a_draft_file(model, caplog):
-    class Claims:
+    from vkdflash_ngram import PromptLookup
+
+    class Claims:  # claims files for a strategy of its own (a claim for another plugin's is ignored)
+        @hookimpl
+        def register_strategies(self, register):
+            register("lookup", PromptLookup, "prompt lookup, for whatever -md names")
+
         @hookimpl
         def claim_draft_file(self, path, metadata):
-            return "ngram" if metadata.get("general.architecture") == "llama" else None
+            return "lookup" if metadata.get("general.architecture") == "llama" else None
 
     class Raises:
         @hookimpl
@@ -92,7 +98,7 @@ def test_a_third_party_plugin_claims_a_draft_file(model, caplog):
     pm.register(Raises(), name="raises")
     res = generate(model, "-md", model)
     assert res.exit_code == 0, res.output
-    assert res.stdout == plain.stdout
+    assert res.stdout == plain.stdout and "spec lookup" in res.stderr
     warned = [r.getMessage() for r in caplog.records if "plugin raises" in r.getMessage()]
     assert len(warned) == 1 and "claim_draft_file raised KeyError" in warned[0]
 

@@ -2,7 +2,9 @@
 
 Plugins register through the `vkdflash` entry-point group (built-in ones in plugins/ exactly
 like third-party ones); VKDFLASH_PLUGINS=name,name restricts which load. Implement hooks with
-`@vkdflash.hookimpl`."""
+`@vkdflash.hookimpl`; an implementation named after no hook here is never called, and is warned
+about with the nearest hook's name. A plugin that raises anything, sys.exit() included, loses
+only itself (one warning); Ctrl-C still stops the run."""
 from __future__ import annotations
 
 import pluggy
@@ -19,13 +21,17 @@ def register_strategies(register) -> None:
     where `factory(ctx: vkdflash.api.StrategyContext) -> vkdflash.api.Strategy` builds one for a
     generation request. `name` is what `--spec NAME` selects; `aliases` are other spellings
     (llama.cpp's `--spec-type draft-dflash`); `options` are `vkdflash.api.Option`s, set with
-    `--spec-opt NAME.KEY=VALUE` and read from `ctx.options.settings`."""
+    `--spec-opt NAME.KEY=VALUE` and read from `ctx.options.settings`. Names, aliases and option
+    keys are lowercase letters, digits, '-' and '_' after a letter; an option's default is of its
+    type (a finite float for float), its keys distinct. A strategy declared otherwise, or under a
+    name already taken, is refused with one warning; your other strategies still register."""
 
 
 @hookspec(firstresult=True)
 def claim_draft_file(path, metadata) -> str | None:
     """Say which of your strategies runs a draft file: `-md PATH` without `--spec` asks every
-    plugin, and the first strategy name returned is used (None: not yours).
+    plugin, and the first strategy name returned is used (None: not yours). Return the name or
+    an alias of a strategy your plugin registers; any other answer is ignored with one warning.
 
     path: the file; metadata: its GGUF key/values (a read-only mapping, `api.Metadata`, with typed
     reads such as metadata.str(key, default=None); general.architecture, when present, is a str).
@@ -34,11 +40,11 @@ def claim_draft_file(path, metadata) -> str | None:
 
 @hookspec
 def shipped_drafts(model_file) -> list | None:
-    """Drafts your plugin ships for this target (a `ModelFile`): a list of `{"strategy": name,
-    "path": draft file, "tau": suite tau or None, "cpu_speedup": bench speedup on a CPU device or
-    None}` (api.offer builds it), or None. With neither `--spec` nor `-md`, `generate` speculates
-    with the one of highest tau under the cost-aware length (on a CPU device only if its
-    cpu_speedup is above 1)."""
+    """Drafts your plugin ships for this target (a `ModelFile`): a list of `{"strategy": one of
+    your strategies, "path": an existing draft file, "tau": suite tau or None, "cpu_speedup": bench
+    speedup on a CPU device or None}` (api.offer builds it), or None. With neither `--spec` nor
+    `-md`, `generate` speculates with the one of highest tau under the cost-aware length (on a
+    CPU device only if its cpu_speedup is above 1)."""
 
 
 @hookspec

@@ -1,11 +1,12 @@
 """The plugin manager: loads the `vkdflash` entry-point group, and calls the KV cache hooks
-with every plugin's implementation isolated: one that raises or breaks its hook's contract is
-unregistered with one warning, and the call goes on as if that plugin had never loaded."""
+with every plugin's implementation isolated: one that raises (sys.exit() included; only Ctrl-C
+gets through) or breaks its hook's contract is unregistered with one warning, and the call goes
+on as if that plugin had never loaded."""
 from __future__ import annotations
 
+import difflib
 import logging
 import math
-import numbers
 import os
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -14,6 +15,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import VkdflashError
+from .plugin_checks import declaration_problem, draft_problem, listed
 
 log = logging.getLogger("vkdflash")
 GROUP = "vkdflash"
@@ -22,6 +24,8 @@ _manager: pluggy.PluginManager | None = None
 _versions: dict[str, str | None] = {}
 _builtin: set[str] = set()
 _warned: set[str] = set()
+HOOKS = sorted(name for name, spec in vars(hookspecs).items() if hasattr(spec, GROUP + "_spec"))
+# what `--spec NAME` and `--spec-opt NAME.KEY=VALUE` can say, as the built-ins spell it (draft-dflash)
 
 
 def allowed_plugins() -> set[str] | None:
@@ -49,9 +53,12 @@ def manager() -> pluggy.PluginManager:
                 _versions[ep.name] = ep.dist.version if ep.dist else None
                 if _ships_with_core(ep):
                     _builtin.add(ep.name)
-            except Exception as exc:  # a broken third-party plugin must not take the engine down
-                log.warning("plugin %s failed to load and is skipped: %s: %s", ep.name, type(exc).__name__, exc)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # a broken third-party plugin must not take the engine down
+                log.warning("plugin %s failed to load and is skipped: %s", ep.name, _brief(exc))
                 continue
+            _warn_unspecified(pm, ep.name)
             for hook, impl in _impls(pm, ep.name):
                 problem = _shape_problem(hook, impl)
                 if problem:
@@ -60,6 +67,17 @@ def manager() -> pluggy.PluginManager:
                     break
         _manager = pm
     return _manager
+
+
+def _warn_unspecified(pm, name: str) -> None:
+    """A hook implementation that no hookspec names is never called: most likely a misspelling."""
+    for caller in sorted(pm.get_hookcallers(pm.get_plugin(name)) or [], key=lambda c: c.name):
+        mine = [impl for impl in caller.get_hookimpls() if impl.plugin_name == name]
+        if caller.has_spec() or all(impl.optionalhook for impl in mine):
+            continue
+        near = difflib.get_close_matches(caller.name, HOOKS, n=1)
+        log.warning("plugin %s implements %r, which is no vkdflash hook, so it is never called%s", name,
+                    caller.name, f" (did you mean {near[0]}?)" if near else f" (the hooks: {', '.join(HOOKS)})")
 
 
 def _ships_with_core(ep) -> bool:
@@ -107,8 +125,9 @@ def _evict(impl, why: str) -> None:
 
 
 def _brief(exc: BaseException) -> str:
-    text = (str(exc).splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {text[:200]}"
+    """The exception on one line (pluggy's validation errors span three)."""
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return f"{type(exc).__name__}: {text[:300]}"
 
 
 def _call(impl, kwargs: dict):
@@ -141,7 +160,9 @@ def wrap(hook: str, kwargs: dict, core) -> None:
             running.append((impl, gen))
         except StopIteration:
             _evict(impl, f"its {hook} wrapper returned without yielding")
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             _evict(impl, f"its {hook} wrapper raised {_brief(exc)}")
     try:
         core()
@@ -154,7 +175,9 @@ def wrap(hook: str, kwargs: dict, core) -> None:
             gen.send(None)
         except StopIteration:
             continue
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             _evict(impl, f"its {hook} wrapper raised {_brief(exc)} after the write")
             continue
         gen.close()
@@ -170,7 +193,9 @@ def notify(hook: str, **kwargs) -> None:
     for impl in _well_shaped(hook):
         try:
             _call(impl, kwargs)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             _evict(impl, f"its {hook} observer raised {_brief(exc)}")
 
 
@@ -216,33 +241,39 @@ class Registered:
             if not sep:
                 raise VkdflashError(f"--spec-opt {self.name}.{key} needs a value: NAME.OPTION=VALUE")
             out[key] = known[key].parse(value, self.name)
+            if isinstance(out[key], float) and not math.isfinite(out[key]):  # float() takes nan, inf and 1e999
+                raise VkdflashError(f"--spec-opt {self.name}.{key}={value[:40]}: not a finite float")
         return out
 
 
 def strategies() -> dict[str, Registered]:
-    """name -> Registered for every registered strategy. A name or alias already taken is refused
-    with one warning; built-in plugins register first, so theirs are never displaced."""
+    """name -> Registered for every registered strategy. One declared wrong (_declaration_problem) or
+    under a name or alias already taken is refused with one warning, and the plugin's others still
+    register; built-in plugins register first, so theirs are never displaced."""
     found: dict[str, Registered] = {}
     pm = manager()
     impls = sorted(pm.hook.register_strategies.get_hookimpls(),
                    key=lambda impl: (impl.plugin_name not in _builtin, impl.plugin_name))
     for impl in impls:
         def register(name, factory, description="", options=(), aliases=(), _plugin=impl.plugin_name):
-            owners = {"none": "the core"} | {n: f"plugin {r.plugin}"
-                                             for r in found.values() for n in (r.name, *r.aliases)}
-            clash = next((n for n in (name, *aliases) if n in owners), None)
-            if clash is not None:
-                _warn_once(f"plugin {_plugin}: its strategy {str(name)[:40]!r} is refused: "
-                           f"the name {str(clash)[:40]!r} is taken by {owners[clash]}")
+            problem = declaration_problem(name, description, options, aliases) or _clash(name, aliases, found)
+            if problem:
+                _warn_once(f"plugin {_plugin}: its strategy {name!r:.40} is refused: {problem}")
                 return
-            if not all(getattr(o, "type", None) in (int, float, str, bool) and hasattr(o, "parse") for o in options):
-                raise ValueError(f"strategy {name}: options must be vkdflash.api.Option of int, float, str or bool")
             found[name] = Registered(name, factory, description, _plugin, tuple(options), tuple(aliases))
         try:
             impl.function(register=register)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             _warn_once(f"plugin {impl.plugin_name} failed to register strategies: {_brief(exc)}")
     return found
+
+
+def _clash(name: str, aliases, found: dict) -> str | None:
+    owners = {"none": "the core"} | {n: f"plugin {r.plugin}" for r in found.values() for n in (r.name, *r.aliases)}
+    taken = next((n for n in (name, *aliases) if n in owners), None)
+    return None if taken is None else f"the name {taken!r:.40} is taken by {owners[taken]}"
 
 
 def lookup(name: str) -> Registered:
@@ -260,63 +291,57 @@ def draft_takers() -> list[str]:
     return sorted(n for n, r in strategies().items() if r.plugin in claimers)
 
 
+def _names_of(plugin: str, registered: dict) -> dict[str, str]:
+    """Every name and alias of `plugin`'s own strategies -> its registered name."""
+    return {n: r.name for r in registered.values() if r.plugin == plugin for n in (r.name, *r.aliases)}
+
+
 def shipped(model_file) -> list:
     """Every draft a plugin ships for this target (shipped_drafts), best recorded tau first, its
     strategy spelled by its registered name. An entry the core cannot use is dropped with one
     warning naming its plugin; the plugin's other entries stay."""
-    names = {n: r.name for r in strategies().values() for n in (r.name, *r.aliases)}
+    registered = strategies()
     found = []
     for impl in _well_shaped("shipped_drafts"):
         try:
             offered = _call(impl, {"model_file": model_file})
-        except VkdflashError:  # a plugin's one-line verdict on the files, not a broken plugin
+        except (VkdflashError, KeyboardInterrupt):  # a plugin's one-line verdict on the files, or Ctrl-C
             raise
-        except Exception as exc:
+        except BaseException as exc:
             _evict(impl, f"its shipped_drafts raised {_brief(exc)}")
             continue
         if offered is not None and not isinstance(offered, (list, tuple)):
             log.warning("plugin %s: its shipped_drafts returned a %s, not a list: ignored",
                         impl.plugin_name, type(offered).__name__)
             continue
+        own = _names_of(impl.plugin_name, registered)
         for entry in offered or ():
-            problem = _draft_problem(entry, names)
+            problem = draft_problem(entry, own)
             if problem:
                 log.warning("plugin %s: shipped draft %.80r is dropped: %s", impl.plugin_name, entry, problem)
             else:
-                found.append(dict(entry, strategy=names[entry["strategy"]]))
+                found.append(dict(entry, strategy=own[entry["strategy"]]))
     return sorted(found, key=lambda d: -(d.get("tau") or 0.0))
-
-
-def _draft_problem(entry, names: dict) -> str | None:
-    """Why a shipped_drafts entry cannot be used (see hookspecs.shipped_drafts), or None."""
-    if not isinstance(entry, dict):
-        return f"a {type(entry).__name__}, not a dict"
-    strategy = entry.get("strategy")
-    if not isinstance(strategy, str) or strategy not in names:
-        registered = ", ".join(sorted(set(names.values()))) or "none"
-        return f"its strategy {strategy!r:.40} is not a registered one (registered: {registered})"
-    if not isinstance(entry.get("path"), (str, os.PathLike)):
-        return f"its path {entry.get('path')!r:.40} is not a file path"
-    for key in ("tau", "cpu_speedup"):
-        value = entry.get(key)
-        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        if value is not None and not (number and math.isfinite(value) and value >= 0):
-            return f"its {key} {value!r:.40} is not a number >= 0 (or None)"
-    return None
 
 
 def claim(path, metadata) -> str | None:
     """The strategy a plugin claims the draft file (its GGUF Metadata) for (claim_draft_file), or None.
-    general.architecture, when present, is checked to be a string first: hooks compare it."""
+    general.architecture, when present, is checked to be a string first: hooks compare it. A claim
+    for a strategy the plugin did not register is ignored with one warning: the next plugin's counts."""
     metadata.str("general.architecture", default=None)
+    registered = strategies()
     for impl in _well_shaped("claim_draft_file"):
         try:
             name = _call(impl, {"path": str(path), "metadata": metadata})
-        except VkdflashError:
+        except (VkdflashError, KeyboardInterrupt):
             raise
-        except Exception as exc:
+        except BaseException as exc:
             _evict(impl, f"its claim_draft_file raised {_brief(exc)}")
             continue
+        own = _names_of(impl.plugin_name, registered)
+        if isinstance(name, str) and name in own:
+            return own[name]
         if name is not None:
-            return str(name)
+            _warn_once(f"plugin {impl.plugin_name}: its claim_draft_file returned {name!r:.40}, not one of its "
+                       f"strategies (its own: {listed(own)}): the claim is ignored")
     return None
