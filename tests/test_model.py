@@ -199,6 +199,7 @@ def test_a_first_pass_compiles_while_the_next_process_loads_the_model(tmp_path, 
         ctx = Context(DEVICES[0].index)
         model = Model(ctx, load_model(path), n_ctx=16)
         submitted = set(ctx.pipelines)  # before any pass
+        assert prewarm.start(ctx, model.prewarm_key) is model.prewarmed  # once a context: the CLI asks first
         out = model.forward([7], greedy=greedy)
         first = model.first_record[model._family(1, False)]
         model.close()

@@ -90,22 +90,25 @@ def model_options(f):
 @contextmanager
 def open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device):
     """(model, tokenizer) on a device of their own, released on the way out."""
-    from .model import default_model_path, load_model
+    from .model import default_model_path, load_model, prewarm
     from .model.forward import Model
     from .runtime.context import Context
     from .tokenizer import Tokenizer
-    with load_model(model_path or default_model_path()) as mf:
-        tok = Tokenizer(mf.metadata)
-        ctx = Context(device)
-        try:
+    path = model_path or default_model_path()
+    ctx = Context(device)
+    try:
+        # the first pass's kernels compile while the file is parsed and uploaded (model/prewarm.py)
+        prewarm.start(ctx, prewarm.entry_key(ctx, path, ctk, ctv, not no_kv_rotation))
+        with load_model(path) as mf:
+            tok = Tokenizer(mf.metadata)
             check_cache_fits(ctx, mf.hparams, n_ctx, ctk, ctv)
             model = Model(ctx, mf, n_ctx=n_ctx, ctk=ctk, ctv=ctv, rotate=not no_kv_rotation)
             try:
                 yield model, tok
             finally:
                 model.close()
-        finally:
-            ctx.close()
+    finally:
+        ctx.close()
 
 
 def check_cache_fits(ctx, hp, n_ctx: int, ctk: str, ctv: str) -> None:
