@@ -296,6 +296,8 @@ def test_a_fixed_run_claims_no_rates():
     stats = SpecStats()
     stats.strategy, stats.draft_length = "ngram", s
     assert "mean k 4.0" in stats.line() and "plain" not in stats.line()
+    stats.record(2, 1)  # asked for 4, the strategy found 2 to propose: the line tells them apart
+    assert "mean k 4.0 asked, 2.0 drafted a step" in stats.line()
 
 
 def test_a_length_whose_kernels_must_compile_is_drafted_only_where_the_run_repays_it():

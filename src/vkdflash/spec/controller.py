@@ -263,7 +263,8 @@ class DraftController:
         mean_k = float(np.mean(self.chosen)) if self.chosen else 0.0
         k = int(round(mean_k))
         priced = not (self.fixed or self.unmeasured)
-        return {"mode": "fixed" if self.fixed else "cost-aware", "mean_k": mean_k, "held_for_setup": self.held,
+        return {"mode": "fixed" if self.fixed else "cost-aware", "mean_k": mean_k, "steps": len(self.chosen),
+                "held_for_setup": self.held,
                 "unmeasured": self.unmeasured, "record_dropped": self.acceptance.disowned,
                 "expected_tps": self.expected_rate(k) if priced else None,
                 "plain_tps": self.plain_rate() if priced else None,

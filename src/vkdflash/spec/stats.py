@@ -59,6 +59,8 @@ class SpecStats:
         d = self.draft_length
         if d:
             text += f"; draft length {d['mode']}: mean k {d['mean_k']:.1f}"
+            if self.drafted and d.get("steps"):  # a strategy may propose fewer than k (ngram finding no match)
+                text += f" asked, {self.drafted / d['steps']:.1f} drafted a step"
             if d.get("unmeasured"):
                 text += f", verify cost unmeasured: {d['unmeasured']}"
             if d.get("expected_tps") is not None:
