@@ -282,6 +282,8 @@ def test_uploaded_weights_are_read_only(ctx0, target):
         weight = store.matrix(model.mf.tensor("blk.0.ffn_up.weight"), "up")
         with pytest.raises(VkdflashError, match="^this buffer is the weight up: read only$"):
             weight.buffer.write(np.zeros(4, np.uint8))
+        with pytest.raises(VkdflashError, match="^this buffer is the weight up: read only$"):
+            ctx0.copy(store.buffer(64, host=True), weight.buffer, 16)  # nor through a device copy
         store.buffer(64).write(np.zeros(16, np.float32))  # scratch memory stays writable
     finally:
         store.close()

@@ -117,6 +117,8 @@ class Context:
         """One-shot buffer copy (staging transfers)."""
         if dst.owner is not None:
             raise VkdflashError(f"{dst.owner.name} memory is written only by its own store kernel")
+        if dst.read_only:
+            raise VkdflashError(f"this buffer is {dst.read_only}: read only")
         vk = self.vk
         if self._upload_cmd is None:
             self._upload_cmd = self.command_buffer()
