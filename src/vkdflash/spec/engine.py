@@ -12,12 +12,8 @@ switched off for the rest of the request with a one-line warning; generation goe
 from __future__ import annotations
 
 import logging
-import reprlib
 import time
 from dataclasses import dataclass
-from numbers import Real
-
-import numpy as np
 
 from ..errors import VkdflashError
 from ..kernels.types import get_type
@@ -25,7 +21,7 @@ from ..kv_cache import rotation_disabled_by_env
 from .controller import DraftController
 from .curve import FIRST_ROWS, measuring_passes
 from .stats import SpecStats
-from .strategy import InvalidProposal, Proposal, StrategyContext, checked_proposal
+from .strategy import InvalidProposal, Proposal, StrategyContext, checked_proposal, declared
 from .verify import verify, verify_greedy
 
 log = logging.getLogger("vkdflash")
@@ -70,32 +66,6 @@ def _why(what: str, exc: Exception) -> str:
     return f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
 
 
-def _declared(strategy, n_layer: int) -> tuple:
-    """A strategy's capture_layers, expected_first_acceptance and longest_draft, checked (a bad
-    one is the plugin's bug, said as it starts, not a traceback or a silent misprice later)."""
-    capture = getattr(strategy, "capture_layers", ())
-    try:
-        layers = tuple(capture)
-    except TypeError:
-        layers = None
-    if layers is None or not all(_whole(c) and 0 <= c <= n_layer for c in layers):
-        raise VkdflashError(f"capture_layers must be target layer-input ids in 0..{n_layer}, not "
-                            f"{reprlib.repr(capture)}")
-    expected = getattr(strategy, "expected_first_acceptance", None)
-    if expected is not None and not (isinstance(expected, Real) and not isinstance(expected, bool)
-                                     and 0 <= expected <= 1):  # NaN fails the range too
-        raise VkdflashError(f"expected_first_acceptance must be None or a number in 0..1, not {reprlib.repr(expected)}")
-    longest = getattr(strategy, "longest_draft", None)
-    if longest is not None and not (_whole(longest) and longest > 0):
-        raise VkdflashError(f"longest_draft must be None or a positive whole number, not {reprlib.repr(longest)}")
-    return (tuple(int(c) for c in layers), None if expected is None else float(expected),
-            None if longest is None else int(longest))
-
-
-def _whole(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
 class Speculator:
     def __init__(self, model, name: str, factory, options, stats: SpecStats, control: DraftController | None = None,
                  measure=None, costs=None):
@@ -120,7 +90,7 @@ class Speculator:
             self.strategy = factory(self.ctx)
             if self.strategy is None:
                 raise VkdflashError("its factory returned nothing")
-            self.capture, self.expected, longest = _declared(self.strategy, model.hp.n_layer)
+            self.capture, self.expected, longest = declared(self.strategy, model.hp.n_layer)
         except Exception as exc:  # noqa: BLE001 -- one line, never a plugin's traceback
             self._drop_strategy()  # what it made so far is freed now, not when the process ends
             self.ctx.close()
@@ -327,4 +297,3 @@ class Speculator:
         if self.strategy is not None:
             self._guard("close", self.strategy.close)
         self.ctx.close()
-

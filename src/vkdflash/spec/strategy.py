@@ -8,7 +8,9 @@ operations are the matching read path and truncate: no buffers, ever."""
 from __future__ import annotations
 
 import logging
+import reprlib
 from collections.abc import Sequence
+from numbers import Real
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -225,3 +227,29 @@ class Strategy:
 
     def close(self) -> None:
         pass
+
+
+def declared(strategy, n_layer: int) -> tuple:
+    """A strategy's capture_layers, expected_first_acceptance and longest_draft, checked (a bad
+    one is the plugin's bug, said as it starts, not a traceback or a silent misprice later)."""
+    capture = getattr(strategy, "capture_layers", ())
+    try:
+        layers = tuple(capture)
+    except TypeError:
+        layers = None
+    if layers is None or not all(_whole(c) and 0 <= c <= n_layer for c in layers):
+        raise VkdflashError(f"capture_layers must be target layer-input ids in 0..{n_layer}, not "
+                            f"{reprlib.repr(capture)}")
+    expected = getattr(strategy, "expected_first_acceptance", None)
+    if expected is not None and not (isinstance(expected, Real) and not isinstance(expected, bool)
+                                     and 0 <= expected <= 1):  # NaN fails the range too
+        raise VkdflashError(f"expected_first_acceptance must be None or a number in 0..1, not {reprlib.repr(expected)}")
+    longest = getattr(strategy, "longest_draft", None)
+    if longest is not None and not (_whole(longest) and longest > 0):
+        raise VkdflashError(f"longest_draft must be None or a positive whole number, not {reprlib.repr(longest)}")
+    return (tuple(int(c) for c in layers), None if expected is None else float(expected),
+            None if longest is None else int(longest))
+
+
+def _whole(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
