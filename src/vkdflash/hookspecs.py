@@ -44,7 +44,7 @@ def shipped_drafts(model_file) -> list | None:
     your strategies, "path": an existing draft file, "tau": suite tau or None, "cpu_speedup": bench
     speedup on a CPU device or None}` (api.offer builds it), or None. With neither `--spec` nor
     `-md`, `generate` speculates with the one of highest tau under the cost-aware length (on a
-    CPU device only if its cpu_speedup is above 1)."""
+    CPU device only if its cpu_speedup is at least cli_spec.MIN_CPU_SPEEDUP, 1.05)."""
 
 
 @hookspec
