@@ -136,27 +136,8 @@ def test_a_shipped_draft_must_be_the_plugins_own_strategy_and_an_existing_file(t
     assert len(warnings(caplog, "plugin offers", "is not an existing file")) == 2
 
 
-@pytest.mark.parametrize("claimed", [5, "nosuch", "ngram"])
-def test_a_claim_for_a_strategy_the_plugin_does_not_register_is_ignored(claimed, model, caplog):
-    class Claims:
-        @staticmethod
-        @hookimpl
-        def register_strategies(register):
-            register("mine", lambda ctx: None)
-
-        @staticmethod
-        @hookimpl
-        def claim_draft_file(path, metadata):
-            return claimed
-    plugins.manager().register(Claims, name="claims")
-    with GGUFFile(model) as f:
-        metadata = f.metadata
-    assert plugins.claim(model, metadata) == "draft"  # the built-in claim, as without the plugin
-    plugins.claim(model, metadata)
-    one_warning(caplog, "plugin claims", f"returned {claimed!r}", "its own: mine", "ignored")
-
-
-def test_a_claim_by_alias_names_the_strategy(model):
+def claiming(claimed):
+    """A plugin registering strategy "mine" (alias "my-alias") that claims every file for `claimed`."""
     class Claims:
         @staticmethod
         @hookimpl
@@ -166,8 +147,22 @@ def test_a_claim_by_alias_names_the_strategy(model):
         @staticmethod
         @hookimpl
         def claim_draft_file(path, metadata):
-            return "my-alias"
-    plugins.manager().register(Claims, name="claims")
+            return claimed
+    return Claims
+
+
+@pytest.mark.parametrize("claimed", [5, "nosuch", "ngram"])
+def test_a_claim_for_a_strategy_the_plugin_does_not_register_is_ignored(claimed, model, caplog):
+    plugins.manager().register(claiming(claimed), name="claims")
+    with GGUFFile(model) as f:
+        metadata = f.metadata
+    assert plugins.claim(model, metadata) == "draft"  # the built-in claim, as without the plugin
+    plugins.claim(model, metadata)
+    one_warning(caplog, "plugin claims", f"returned {claimed!r}", "its own: mine", "ignored")
+
+
+def test_a_claim_by_alias_names_the_strategy(model):
+    plugins.manager().register(claiming("my-alias"), name="claims")
     with GGUFFile(model) as f:
         assert plugins.claim(model, f.metadata) == "mine"
 

@@ -5,24 +5,13 @@ from __future__ import annotations
 import logging
 
 import pytest
-from click.testing import CliRunner
 
-from gguf_fixtures import write_model
+import test_spec_options
 from vkdflash import plugins
-from vkdflash.cli import main
 from vkdflash.hookspecs import hookimpl
 
 pytestmark = pytest.mark.usefixtures("fresh_plugins")
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return str(write_model(tmp_path_factory.mktemp("inputs") / "t.gguf", "llama", n_embd=128, n_ff=256, n_head=2,
-                           n_head_kv=1, head_dim=64, seed=3))
-
-
-def run(*args):
-    return CliRunner().invoke(main, list(args))
+model, run = test_spec_options.model, test_spec_options.run  # the same tiny model and CLI runner
 
 
 def generate(model, *extra):

@@ -13,41 +13,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gguf_fixtures import write_model
+import test_spec
 from kv_probe import HD, N_CTX, N_HEAD_KV, Probe, rows
 from vkdflash.errors import VkdflashError
-from vkdflash.generate import Stats, generate
 from vkdflash.kv_cache import KVCache
-from vkdflash.model import load_model
 from vkdflash.model.forward import Model
 from vkdflash.model.store import DeviceStore
 from vkdflash.sampling import Sampler
 from vkdflash.spec import Proposal, SpecStats, Strategy, StrategyOptions
 from vkdflash.spec.engine import Speculator
-from vkdflash.tokenizer import Tokenizer
 
-PROMPT = [5, 17, 3, 42, 8, 23, 11, 2, 30, 7, 19, 4, 5, 17, 3]
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    from conftest import DEVICES, context_for
-    path = write_model(tmp_path_factory.mktemp("inputs") / "t.gguf", "llama", n_embd=128, n_ff=256, n_head=2,
-                       n_head_kv=1, head_dim=64, seed=5)
-    mf = load_model(path)
-    model = Model(context_for(DEVICES[0].index), mf, n_ctx=128)
-    yield model, Tokenizer(mf.metadata)
-    model.close()
+PROMPT, target = test_spec.PROMPT, test_spec.target  # the same tiny target (its own instance here)
 
 
 def run(model, tok, factory=None, n=24, sampler=None):
     """Generated ids and the strategy's stats (plain decoding without a factory)."""
-    stats, spec_stats = Stats(), SpecStats()
-    spec = Speculator(model, "test", factory, StrategyOptions(draft_max=4), spec_stats) if factory else None
-    list(generate(model, tok, PROMPT, n, sampler or Sampler(temp=0.0), (), stats, spec))
-    if spec is not None:
-        spec.close()
-    return stats.tokens, spec_stats
+    return test_spec.run(model, tok, factory, n=n, draft_max=4, sampler=sampler)
 
 
 def cannot_start(model, factory) -> str:
