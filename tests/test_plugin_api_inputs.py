@@ -113,32 +113,10 @@ def test_a_float_option_refuses_what_is_not_a_finite_number(text):
         reg.settings([f"p={text}"])
 
 
-def test_a_shipped_draft_must_be_the_plugins_own_strategy_and_an_existing_file(tmp_path, caplog):
-    draft = tmp_path / "mine.gguf"
-    draft.write_bytes(b"GGUF")
-    good = {"strategy": "my-alias", "path": str(draft), "tau": 0.5, "cpu_speedup": None}
-
-    class Offers:
-        @staticmethod
-        @hookimpl
-        def register_strategies(register):
-            register("mine", lambda ctx: None, aliases=("my-alias",))
-
-        @staticmethod
-        @hookimpl
-        def shipped_drafts(model_file):
-            return [dict(good, strategy="mtp", tau=0.99), dict(good, path=str(tmp_path / "missing.gguf")),
-                    dict(good, path=str(tmp_path)), good]
-    plugins.manager().register(Offers, name="offers")
-    assert plugins.shipped(None) == [dict(good, strategy="mine")]
-    one_warning(caplog, "plugin offers", "'mtp' is not one the plugin registers (its own: mine)")
-    one_warning(caplog, "plugin offers", "missing.gguf", "is not an existing file")
-    assert len(warnings(caplog, "plugin offers", "is not an existing file")) == 2
-
-
-def claiming(claimed):
-    """A plugin registering strategy "mine" (alias "my-alias") that claims every file for `claimed`."""
-    class Claims:
+def mine(claims=None, ships=()):
+    """A plugin registering strategy "mine" (alias "my-alias") that claims every file for `claims`
+    and ships the entries `ships`."""
+    class Mine:
         @staticmethod
         @hookimpl
         def register_strategies(register):
@@ -147,13 +125,31 @@ def claiming(claimed):
         @staticmethod
         @hookimpl
         def claim_draft_file(path, metadata):
-            return claimed
-    return Claims
+            return claims
+
+        @staticmethod
+        @hookimpl
+        def shipped_drafts(model_file):
+            return list(ships)
+    return Mine
+
+
+def test_a_shipped_draft_must_be_the_plugins_own_strategy_and_an_existing_file(tmp_path, caplog):
+    draft = tmp_path / "mine.gguf"
+    draft.write_bytes(b"GGUF")
+    good = {"strategy": "my-alias", "path": str(draft), "tau": 0.5, "cpu_speedup": None}
+    offers = [dict(good, strategy="mtp", tau=0.99), dict(good, path=str(tmp_path / "missing.gguf")),
+              dict(good, path=str(tmp_path)), good]
+    plugins.manager().register(mine(ships=offers), name="offers")
+    assert plugins.shipped(None) == [dict(good, strategy="mine")]
+    one_warning(caplog, "plugin offers", "'mtp' is not one the plugin registers (its own: mine)")
+    one_warning(caplog, "plugin offers", "missing.gguf", "is not an existing file")
+    assert len(warnings(caplog, "plugin offers", "is not an existing file")) == 2
 
 
 @pytest.mark.parametrize("claimed", [5, "nosuch", "ngram"])
 def test_a_claim_for_a_strategy_the_plugin_does_not_register_is_ignored(claimed, model, caplog):
-    plugins.manager().register(claiming(claimed), name="claims")
+    plugins.manager().register(mine(claims=claimed), name="claims")
     with GGUFFile(model) as f:
         metadata = f.metadata
     assert plugins.claim(model, metadata) == "draft"  # the built-in claim, as without the plugin
@@ -162,7 +158,7 @@ def test_a_claim_for_a_strategy_the_plugin_does_not_register_is_ignored(claimed,
 
 
 def test_a_claim_by_alias_names_the_strategy(model):
-    plugins.manager().register(claiming("my-alias"), name="claims")
+    plugins.manager().register(mine(claims="my-alias"), name="claims")
     with GGUFFile(model) as f:
         assert plugins.claim(model, f.metadata) == "mine"
 
