@@ -12,14 +12,18 @@ prompt), each next to plain decoding (128 tokens, alternated 5 times, medians: o
 one pair of runs moves by +-5%)."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
 from datetime import date
 from pathlib import Path
+
+from vkdflash.errors import VkdflashError
 
 ROOT = Path(__file__).resolve().parent.parent
 # ends at "Point4:", not at the newline after it: a prompt ending in a bare "\n" token makes
@@ -32,9 +36,13 @@ REPEATING_CODE = ("class Point2:\n    def __init__(self, x, y):\n        self.x 
 
 def vkdflash(*args) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        subprocess.run([sys.executable, "-c", "from vkdflash.cli import main; main()", *args, "--json", f.name],
-                       check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        done = subprocess.run([sys.executable, "-c", "from vkdflash.cli import main; main()", *args, "--json", f.name],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode:
+            command = shlex.join(["vkdflash", *args]).replace("\n", "\\n")  # the prompt's newlines: one line
+            said = done.stderr.strip().splitlines()
+            raise SystemExit(f"bench_record: error: `{command}` failed (exit {done.returncode})"
+                             + (f": {said[-1]}" if said else ""))
         return json.loads(Path(f.name).read_text())
 
 
@@ -55,6 +63,7 @@ def cpu_model() -> str:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
     from dflash_fixtures import write_dflash
     from vkdflash.model import default_model_path
@@ -90,4 +99,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (VkdflashError, OSError) as exc:  # the default model's download, benchmarks/ not writable
+        sys.exit(f"bench_record: error: {exc}")

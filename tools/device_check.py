@@ -29,6 +29,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from bench_record import REPEATING_CODE, spec_figures  # this folder: the record's prompt and figures
+from vkdflash.errors import VkdflashError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV = ROOT / ".device"
@@ -209,7 +210,7 @@ def figures(out: Path) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
     p = sub.add_parser("prepare")
@@ -217,13 +218,26 @@ def main() -> None:
     s = sub.add_parser("stage")
     s.add_argument("n", type=int, choices=range(1, PARTS + 1))
     s.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "device-out")))
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.what == "prepare":
         prepare(a.python)
-    else:
-        a.out.mkdir(parents=True, exist_ok=True)
-        stage(a.n, a.out)
+        return
+    # a stage unpacks .debs into / and runs ldconfig: only on the lent machine, which has the NVIDIA
+    # driver (its ICD, its device node); a developer's machine has its own loader and must keep it
+    if not (NVIDIA_ICD.exists() or Path("/dev/nvidiactl").exists()):
+        sys.exit(f"device_check: error: stage {a.n} runs on the lent device machine only (no {NVIDIA_ICD} here): "
+                 "run `prepare` here and make the calls it prints")
+    needs = [DEV / f"model.{i}" for i in range(PARTS)] if a.n == 3 else [DEV / "gl", DEV / "whl"]
+    missing = [part.name for part in needs if not part.exists()]
+    if missing:
+        sys.exit(f"device_check: error: .device/ lacks {', '.join(missing)}: run `tools/device_check.py prepare` "
+                 "first, then the calls it prints, back to back")
+    a.out.mkdir(parents=True, exist_ok=True)
+    stage(a.n, a.out)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (VkdflashError, OSError, subprocess.CalledProcessError) as exc:  # the model's download, a failed pip
+        sys.exit(f"device_check: error: {exc}")

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 import urllib.request
 
 import click
+
+from vkdflash.errors import VkdflashError
+from vkdflash.suite import PROMPTS
 
 
 def post(port: int, body: dict) -> dict:
@@ -40,16 +44,17 @@ def wait_ready(port: int, proc, seconds: float = 300) -> None:
 
 @click.command()
 @click.option("--server", required=True, type=click.Path(exists=True, dir_okay=False), help="llama-server binary")
-@click.option("--draft", default=None, help="DFlash GGUF (default: the one shipped for the default model)")
-@click.option("--prompts", "n_prompts", default=6, show_default=True)
-@click.option("-n", "n_gen", default=128, show_default=True)
-@click.option("--port", default=8097, show_default=True)
-@click.option("--threads", default=2, show_default=True)
+@click.option("--draft", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="DFlash GGUF (default: the one shipped for the default model)")
+@click.option("--prompts", "n_prompts", default=6, show_default=True, type=click.IntRange(1, len(PROMPTS)))
+@click.option("-n", "n_gen", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--port", default=8097, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1))
 def main(server, draft, n_prompts, n_gen, port, threads):
     from vkdflash.chat import ChatTemplate
     from vkdflash.model import GGUFFile, default_model_path, load_model
     from vkdflash.spec.shipped import shipped_draft
-    from vkdflash.suite import PROMPTS, prompt_ids
+    from vkdflash.suite import prompt_ids
     from vkdflash.tokenizer import Tokenizer
     from vkdflash_dflash.draft_file import read_hparams
     from vkdflash_dflash.strategy import SHIPPED
@@ -128,4 +133,7 @@ def vkdflash_acceptance(mf, tok, ids, draft, k, n_gen) -> list:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (VkdflashError, OSError, json.JSONDecodeError) as exc:  # a file that is no GGUF, a server that answers badly
+        sys.exit(f"llamacpp_dflash_check: error: {exc}")

@@ -5,23 +5,27 @@ Runs a code prompt through both (engine: f16 KV cache on the first Vulkan device
 the NMSE of the logits of every position and how many argmaxes agree."""
 from __future__ import annotations
 
+import sys
+
 import click
 import torch
 
 from target import Target
+from vkdflash.errors import VkdflashError
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n"
 
 
 @click.command()
-@click.option("--model", "model_path", default=None, help="target GGUF (default: the embedded SmolLM2)")
+@click.option("--model", "model_path", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="target GGUF (default: the embedded SmolLM2)")
 def main(model_path):
     from vkdflash.cli_options import open_model
-    model, tok = open_model(model_path, 512, "f16", "f16", False, None)
-    ids = tok.encode(PROMPT)
-    engine = model.forward(ids, all_logits=True).logits
-    model.close()
-    target = Target(model.mf.gguf.path if model_path is None else model_path)
+    with open_model(model_path, 512, "f16", "f16", False, None) as (model, tok):  # closed before torch loads
+        ids = tok.encode(PROMPT)
+        engine = model.forward(ids, all_logits=True).logits
+        path = model.mf.gguf.path  # the default model's when --model is not given
+    target = Target(path)
     T = len(ids)
     mask = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
     x, _ = target.forward(torch.tensor([ids]), torch.arange(T)[None], mask, target.new_cache(1, T), 0)
@@ -34,4 +38,7 @@ def main(model_path):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (VkdflashError, OSError) as exc:  # a file that is no GGUF, no Vulkan device
+        sys.exit(f"check.py: error: {exc}")

@@ -6,12 +6,15 @@ the same target features and prints the logits NMSE (whole-model threshold 2e-3)
 agreement; exits non-zero above the threshold."""
 from __future__ import annotations
 
+import sys
+
 import click
 import numpy as np
 import torch
 
 from export import restore
 from target import Target, attend, rms_norm
+from vkdflash.errors import VkdflashError
 
 TEXT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n"
 
@@ -21,10 +24,12 @@ def nmse(a, b):
 
 
 @click.command()
-@click.option("--model", "model_path", default=None)
-@click.option("--dflash", "dflash_path", default=None)
-@click.option("--mtp", "mtp_path", default=None)
+@click.option("--model", "model_path", default=None, type=click.Path(exists=True, dir_okay=False))
+@click.option("--dflash", "dflash_path", default=None, type=click.Path(exists=True, dir_okay=False))
+@click.option("--mtp", "mtp_path", default=None, type=click.Path(exists=True, dir_okay=False))
 def main(model_path, dflash_path, mtp_path):
+    if not (dflash_path or mtp_path):  # else the target runs for nothing
+        raise click.UsageError("give --dflash FILE, --mtp FILE or both")
     from vkdflash.model.fetch import default_model_path
     from vkdflash.model.gguf_file import ModelFile
     from vkdflash.ref.model import RefWeights
@@ -80,4 +85,7 @@ def report(what, ours, want):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (VkdflashError, OSError) as exc:  # a file that is no GGUF
+        sys.exit(f"check_draft.py: error: {exc}")

@@ -10,6 +10,7 @@ mix's prompts share templates with the training data (one greedy answer per prom
 mix's figures overstate what a draft does on text it never saw."""
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 
 import click
@@ -19,6 +20,7 @@ import torch
 from data import generate, load_text_tools, prompt_mix
 from export import restore
 from target import Target
+from vkdflash.errors import VkdflashError
 
 
 def greedy_walk(drafts_at, t, first: int, k: int):
@@ -77,13 +79,14 @@ def mtp_drafts(head, ids, t, h):
 
 @click.command()
 @click.argument("drafts", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--model", "model_path", default=None, help="target GGUF (default: embedded SmolLM2)")
+@click.option("--model", "model_path", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="target GGUF (default: embedded SmolLM2)")
 @click.option("--suite", is_flag=True, help="the acceptance suite's prompts, 128 new tokens (vkdflash.suite)")
-@click.option("--prompts", default=24, show_default=True)
+@click.option("--prompts", default=24, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=7, show_default=True, help="prompt mix seed (training data used 0-6)")
 @click.option("--mix", "mix_name", type=click.Choice(["stdlib", "varied", "words"]), default="stdlib", show_default=True)
-@click.option("--new", "n_new", default=96, show_default=True)
-@click.option("--threads", default=2, show_default=True)
+@click.option("--new", "n_new", default=96, show_default=True, type=click.IntRange(min=1))
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--copies", is_flag=True, help="every anchor's cumulative hits, apart for the anchors an n-gram "
               "lookup of the last 2..8 tokens gets right (copied text) and the rest, next to the lookup's")
 def main(drafts, model_path, suite, prompts, seed, mix_name, n_new, threads, copies):
@@ -149,4 +152,7 @@ def main(drafts, model_path, suite, prompts, seed, mix_name, n_new, threads, cop
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (VkdflashError, OSError) as exc:  # a draft that is no GGUF
+        sys.exit(f"heldout.py: error: {exc}")

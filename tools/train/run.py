@@ -20,10 +20,11 @@ on new prompts: data --seed 2 and --bf16 --seed 3 --prompts 2048, then both trai
 --seed 11 --teacher from the round-3 files on both sets, DFlash 2300 steps (--anchors 32, 2e-4),
 MTP 1800 (--seqs 8 --rows 1024, 1.5e-4). Round 5: data --bf16 --seed 4 --prompts 2048, then
 both --seed 12 from the round-4 files on the three sets, DFlash 2000 steps (1.5e-4), MTP 1300
-(1.2e-4): the shipped files (README, "Training the shipped drafts")."""
+(1.2e-4). Rounds 6 to 8 (round 8 made the shipped files): README, "Training the shipped drafts"."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -33,12 +34,16 @@ import torch
 from data import generate, load_text_tools, prompt_mix, recapture, self_prompts
 from dflash import lr_at
 from target import Target
+from vkdflash.cli_options import FiniteFloatRange
+from vkdflash.cli_spec import MIN_CPU_SPEEDUP
+from vkdflash.errors import VkdflashError
 
 DFLASH_LAYERS = (2, 10, 18, 26)  # llama.cpp layer-input ids: 4 evenly spaced layers of 30
 
 
 def model_option(f):
-    return click.option("--model", "model_path", default=None, help="target GGUF (default: embedded SmolLM2)")(f)
+    return click.option("--model", "model_path", default=None, type=click.Path(exists=True, dir_okay=False),
+                        help="target GGUF (default: embedded SmolLM2)")(f)
 
 
 def resolve(model_path):
@@ -92,8 +97,17 @@ def data(ctx, model_path, out, prompts, n_new, batch, mix):
     click.echo(f"{len(tokens)} sequences, {lengths.sum()} tokens -> {out}")
 
 
+def made_by_data(ctx, param, value):
+    """Checked before the target loads: each folder holds what `run.py data` writes."""
+    for folder in value if param.multiple else (value,):
+        if not (Path(folder) / "index.json").is_file():
+            raise click.BadParameter(f"{folder} holds no data made by `run.py data` (no index.json)")
+    return value
+
+
 @cli.command("recapture")
-@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), required=True,
+              callback=made_by_data)
 @click.option("--out", type=click.Path(file_okay=False), required=True)
 @click.option("--capture", required=True, help="layer inputs to keep (llama.cpp ids, comma-separated)")
 @click.option("--batch", default=32, show_default=True)
@@ -140,7 +154,8 @@ def train_loop(model, batches, steps: int, lr: float, desc: str, bf16: bool = Fa
 
 def data_option(f):
     return click.option("--data", "data_dirs", type=click.Path(exists=True, file_okay=False), required=True,
-                        multiple=True, help="`data` output (repeatable: runs with different seeds)")(f)
+                        multiple=True, callback=made_by_data,
+                        help="`data` output (repeatable: runs with different seeds)")(f)
 
 
 def vocab_option(f):
@@ -298,16 +313,16 @@ def vocab(draft, data_dirs):
 @click.option("--suite-json", type=click.Path(exists=True, dir_okay=False), required=True,
               help="`vkdflash bench spec --suite default --json FILE` output")
 @click.option("--strategy", required=True, help="which run of the suite describes this draft (dflash, mtp)")
-@click.option("--cpu-speedup", type=float, default=None,
-              help="`vkdflash bench spec --spec NAME` speedup (cost-aware) on a CPU device: above 1, generate "
-                   "uses the draft by default there")
+@click.option("--cpu-speedup", type=FiniteFloatRange(min=0, min_open=True), default=None,
+              help="`vkdflash bench spec --spec NAME` speedup (cost-aware) on a CPU device: at "
+                   f"{MIN_CPU_SPEEDUP} or more, generate uses the draft by default there")
 def stamp(draft, suite_json, strategy, cpu_speedup):
     """Record the suite's greedy f16-cache figures in the draft (the engine's watchdog reads them)."""
     from gguf import GGUFValueType as VT
 
     from export import restamp
     from vkdflash.spec.shipped import CPU_SPEEDUP, FIRST_ACCEPTANCE
-    report = json.loads(Path(suite_json).read_text())
+    report = suite_report(suite_json)
     run = next((r for r in report["runs"] if r["strategy"] == strategy and r["temp"] == 0
                 and r["cache"] in ("f16", "-")), None)
     if run is None:
@@ -324,5 +339,20 @@ def stamp(draft, suite_json, strategy, cpu_speedup):
     click.echo(f"stamped {draft}: {note}")
 
 
+def suite_report(path: str) -> dict:
+    """The suite's report in `path`; a usage error saying what the file should be if it is not one."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        report = None
+    if not (isinstance(report, dict) and isinstance(report.get("runs"), list)):
+        raise click.BadParameter(f"{path} is not the JSON of `vkdflash bench spec --suite default --json FILE`",
+                                 param_hint="'--suite-json'")
+    return report
+
+
 if __name__ == "__main__":
-    cli()
+    try:
+        cli()
+    except (VkdflashError, OSError, json.JSONDecodeError) as exc:  # a file that is no GGUF, a broken index.json
+        sys.exit(f"run.py: error: {exc}")
