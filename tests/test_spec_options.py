@@ -134,10 +134,10 @@ def measuring_pays(monkeypatch):
 
 
 def _curves(file) -> dict:
-    """The verify curves among what the measured file holds (not strategies' costs, not kernel lists)."""
-    from vkdflash.model.prewarm import FORMAT
+    """The verify curves among what the measured file holds (not strategies' costs, kernel lists, headers)."""
+    from vkdflash.spec.curve import CURVE_FORMAT
     known = json.loads(file.read_text()) if file.exists() else {}
-    return {k: v for k, v in known.items() if "|strategy " not in k and not k.endswith(FORMAT)}
+    return {k: v for k, v in known.items() if k.endswith(CURVE_FORMAT)}
 
 
 def test_the_verify_curve_is_measured_once_and_cached(model, tmp_path, monkeypatch):
