@@ -115,12 +115,11 @@ def open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device):
 
 
 def check_cache_fits(ctx, hp, n_ctx: int, ctk: str, ctv: str) -> None:
-    """Each layer's K and V cache is bound whole: checked before allocating, a context past the
-    device's storage range is named as -c, not as a kernel binding in the first forward pass."""
-    from .kernels.attention import cache_nbytes
-    limit = ctx.features.max_storage_buffer_range
-    for half, cache_type in (("K", ctk), ("V", ctv)):
-        need = cache_nbytes(cache_type, n_ctx, hp.n_head_kv, hp.head_dim)
-        if need > limit:
-            raise VkdflashError(f"-c {n_ctx} needs a {half} cache of {need >> 20} MiB per layer, more than the "
-                                f"device's storage range {limit >> 20} MiB allows: lower -c")
+    """The cache's own check (kv_cache.past_storage_range) before the weights upload, in the words
+    of the flag that sets it."""
+    from .kv_cache import past_storage_range
+    too_big = past_storage_range(ctx, n_ctx, hp.n_head_kv, hp.head_dim, ctk, ctv)
+    if too_big:
+        half, need, limit = too_big
+        raise VkdflashError(f"-c {n_ctx} needs a {half} cache of {need >> 20} MiB per layer, more than the "
+                            f"device's storage range {limit >> 20} MiB allows: lower -c")

@@ -100,16 +100,27 @@ def _check_shape(ctx, name: str, n_layer, n_ctx, n_head_kv, head_dim, ctk: str, 
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= most:
             raise VkdflashError(f"the {name} KV cache's {dim} must be a whole number in 1..{most}, "
                                 f"not {reprlib.repr(value)}")
-    limit = ctx.features.max_storage_buffer_range
     for half, t in (("K", ctk), ("V", ctv)):
         if get_type(t).name not in CACHE_TYPES:
             raise VkdflashError(f"{t} is not a KV cache type for {half}; choose one of {', '.join(CACHE_TYPES)}")
         if get_type(t).quantized and head_dim % 32:
             raise VkdflashError(f"a quantized {half} cache needs head_dim divisible by 32, got {head_dim}")
+    too_big = past_storage_range(ctx, n_ctx, n_head_kv, head_dim, ctk, ctv)
+    if too_big:
+        half, need, limit = too_big
+        raise VkdflashError(f"the {name} KV cache needs {need} bytes a layer for {half}, more than the "
+                            f"device's storage range of {limit} bytes")
+
+
+def past_storage_range(ctx, n_ctx: int, n_head_kv: int, head_dim: int, ctk: str, ctv: str) -> tuple | None:
+    """(half, bytes a layer, the device's limit) for the first half of a cache too big to bind whole
+    (attention binds each layer's K and V whole), or None."""
+    limit = ctx.features.max_storage_buffer_range
+    for half, t in (("K", ctk), ("V", ctv)):
         need = cache_nbytes(t, n_ctx, n_head_kv, head_dim)
         if need > limit:
-            raise VkdflashError(f"the {name} KV cache needs {need} bytes a layer for {half}, more than the "
-                                f"device's storage range of {limit} bytes")
+            return half, need, limit
+    return None
 
 
 class KVCache:
