@@ -158,3 +158,48 @@ def test_a_failed_compile_raises_where_used_and_the_context_still_closes():
         pipe.handle  # noqa: B018
     c.close()
     assert c.device is None
+
+
+# -- read-only memory: which bindings a kernel stores to, from its SPIR-V ------------------
+
+@pytest.mark.parametrize("shader, writes", [
+    ("copy", {1}),                                   # src readonly, dst writeonly
+    ("mul_mat_texel_glu_norm_q4_1", {2}),            # W, x, U, norm weight: texel views; Y
+    ("flash_attn", {3}),                             # Q, K, V and the params read; O written
+    ("rope", {3, 5}),                                # Q and K in place of their outputs
+    ("hadamard", {0, 1}),                            # no readonly qualifier: both may be stored to
+])
+def test_a_kernels_writable_bindings_come_from_its_spirv(shader, writes):
+    from vkdflash.runtime.pipelines import shader_writes
+    assert shader_writes(shader) == writes
+
+
+def test_a_damaged_spirv_module_is_one_error():
+    from vkdflash.runtime.pipelines import spirv_bytes
+    from vkdflash.runtime.reflect import writable_bindings
+    code = spirv_bytes("copy")
+    for bad, why in [(b"\0" * 20, "not a SPIR-V module"), (code[:-2], "not a SPIR-V module"),
+                     (code[:20] + b"\0\0\0\0" + code[24:], "damaged SPIR-V module")]:
+        with pytest.raises(VkdflashError, match=why):
+            writable_bindings(bad)
+
+
+def test_no_dispatch_stores_into_read_only_memory(ctx0):
+    """Recorded through the API the dispatch is refused where it is recorded; put into the graph
+    behind the API's back, the graph refuses to run. Reading a weight stays allowed."""
+    from vkdflash.runtime.graph import Dispatch
+    weight, scratch = ctx0.upload(np.arange(16, dtype=np.float32)), ctx0.buffer(64)
+    weight.read_only = "a test weight"
+    g = Graph(ctx0)
+    copy(g, weight, scratch, 64)  # a read
+    with pytest.raises(VkdflashError, match=r"^test_runtime \(test_runtime.py:\d+\): a copy dispatch would store "
+                                            r"into a test weight \(binding 1\), which is read only$"):
+        copy(g, scratch, weight, 64)
+    assert len(g) == 1
+    pipe = ctx0.pipeline("copy", 2, 4, (8,))
+    g._dispatches.append(Dispatch(pipe, (View(scratch, 0, 64), View(weight, 0, 64)), (1, 1, 1),
+                                  (4).to_bytes(4, "little"), True, "copy"))
+    with pytest.raises(VkdflashError, match="behind its back would store into a test weight"):
+        g.run()
+    g.destroy()
+    assert weight.read(np.float32).tolist() == list(range(16))

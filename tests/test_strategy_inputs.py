@@ -16,9 +16,11 @@ import pytest
 import test_spec
 from kv_probe import HD, N_CTX, N_HEAD_KV, Probe, rows
 from vkdflash.errors import VkdflashError
+from vkdflash.kernels.copy import copy
 from vkdflash.kv_cache import KVCache
 from vkdflash.model.forward import Model
 from vkdflash.model.store import DeviceStore
+from vkdflash.runtime.graph import Graph
 from vkdflash.sampling import Sampler
 from vkdflash.spec import Proposal, SpecStats, Strategy, StrategyOptions
 from vkdflash.spec.engine import Speculator
@@ -251,6 +253,47 @@ def test_a_strategy_cannot_write_the_targets_weights(target, pick, name):
         model.close()
     assert got == plain == again
     assert stats.disabled == f"this buffer is the target's weight {name}: read only"
+
+
+class GpuWrites(Strategy):
+    """Overwrites one of the target's borrowed weights with a kernel of its own as it begins: the
+    dispatch binds the weight where the copy kernel stores."""
+
+    def __init__(self, pick):
+        self.pick = pick
+
+    def begin(self, ctx):
+        dst = self.pick(ctx.target)
+        src, g = ctx.gpu.buffer(16), Graph(ctx.gpu)
+        try:
+            copy(g, src, dst, 16)
+            g.run()
+        finally:
+            g.destroy()
+
+    def propose(self, ctx, last_token, max_n):
+        return Proposal([])
+
+
+@pytest.mark.parametrize("pick, name", [
+    (lambda t: t.output_norm, "output_norm.weight"),
+    (lambda t: t.output.buffer, "output.weight"),
+], ids=["output_norm", "output"])
+def test_a_strategys_kernel_cannot_write_the_targets_weights(target, pick, name):
+    """Host writes and device copies were refused, a kernel's stores were not: the strategy's
+    copy zeroed the norm's weights and greedy output changed for good."""
+    shared, tok = target
+    model = Model(shared.ctx, shared.mf, n_ctx=128)
+    try:
+        plain, _ = run(model, tok)
+        got, stats = run(model, tok, lambda ctx: GpuWrites(pick))
+        again, _ = run(model, tok)
+    finally:
+        model.close()
+    assert got == plain == again
+    assert stats.disabled.endswith(f"a copy dispatch would store into the target's weight {name} (binding 1), "
+                                   "which is read only")
+    assert stats.disabled.startswith("test_strategy_inputs (test_strategy_inputs.py:")  # the call site
 
 
 def test_uploaded_weights_are_read_only(ctx0, target):

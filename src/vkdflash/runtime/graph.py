@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..errors import VkdflashError
 from .memory import TEXEL_FORMATS, TexelView, as_view
-from .ownership import call_site, check_recorded, owners_of
+from .ownership import call_site, check_recorded, owners_of, read_only_written
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,6 +50,9 @@ class Graph:
         for owner in owners - {self._acting}:
             raise VkdflashError(f"{call_site()} binds {owner.name} memory in a {label} dispatch: only the "
                                 "cache's own write and attention paths may")
+        written = read_only_written(pipeline, views)
+        if written:
+            raise VkdflashError(f"{call_site()}: a {label} dispatch {written}")
         for i, v in enumerate(views):
             assert isinstance(v, TexelView) == (i in pipeline.texels), f"{label}: binding {i} view kind"
         assert len(views) == pipeline.n_bindings, f"{pipeline.shader}: {len(views)} views for {pipeline.n_bindings} bindings"

@@ -1,4 +1,5 @@
-"""Owned memory: buffers only their owner's code may bind in a dispatch (a KV cache's K and V).
+"""Owned memory: buffers only their owner's code may bind in a dispatch (a KV cache's K and V);
+read-only memory (weights): buffers no dispatch may bind where its kernel can store.
 
 The owner records its own dispatches inside `graph.on_behalf_of(owner)`; any other dispatch
 that binds owned memory is refused where it is recorded, with the call site in the message.
@@ -37,6 +38,16 @@ def owners_of(views) -> set:
     return {v.buffer.owner for v in views if v.buffer.owner is not None}
 
 
+def read_only_written(pipeline, views) -> str | None:
+    """Why a dispatch of `pipeline` binding `views` would change read-only memory (a weight: every
+    strategy borrows the target's, and greedy output must stay plain decoding's), else None. The
+    bindings a kernel can store to come from its SPIR-V (Pipeline.writes)."""
+    for i in sorted(pipeline.writes):
+        if i < len(views) and views[i].buffer.read_only:
+            return f"would store into {views[i].buffer.read_only} (binding {i}), which is read only"
+    return None
+
+
 def call_site() -> str:
     """The first caller outside the runtime and kernel modules: the code that asked for a dispatch."""
     frame = sys._getframe(1)
@@ -60,6 +71,10 @@ def check_recorded(graph, dispatches) -> None:
                                     "was recorded: the graph does not run")
             approved.add(id(d))
     for d in dispatches:
+        written = read_only_written(d.pipeline, d.views)
+        if written:
+            raise VkdflashError(f"a {d.label} dispatch put into the graph behind its back {written}: "
+                                "the graph does not run")
         if id(d) not in approved and owners_of(d.views):
             names = ", ".join(sorted(o.name for o in owners_of(d.views)))
             raise VkdflashError(f"a {d.label} dispatch binding {names} memory was put into the graph "

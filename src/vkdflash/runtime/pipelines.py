@@ -5,12 +5,14 @@ buffers except those named as uniform texel buffers, an optional push-constant b
 numbered from 0 (constant 0 is the workgroup size by convention)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from concurrent.futures import Future
 from importlib import resources
 
 from ..errors import VkdflashError
+from .reflect import writable_bindings
 
 
 def spirv_bytes(shader: str) -> bytes:
@@ -19,6 +21,12 @@ def spirv_bytes(shader: str) -> bytes:
         return path.read_bytes()
     except FileNotFoundError as exc:
         raise VkdflashError(f"no compiled shader {shader!r}: run `python tools/build_shaders.py`") from exc
+
+
+@functools.lru_cache(maxsize=None)
+def shader_writes(shader: str) -> frozenset:
+    """The bindings a shipped kernel can store to (runtime/reflect.py), read once per process."""
+    return writable_bindings(spirv_bytes(shader))
 
 
 def spirv_build_id() -> str:
@@ -42,6 +50,7 @@ class Pipeline:
         vk, ffi = ctx.vk, ctx.ffi
         self.ctx, self.shader, self.n_bindings, self.push_size = ctx, shader, n_bindings, push_size
         self.texels = frozenset(texels)  # bindings that are uniform texel buffers
+        self.writes = shader_writes(shader)  # bindings the kernel can store to (its SPIR-V says)
         self.key = (shader, n_bindings, push_size, tuple(spec), tuple(texels))  # as Context.pipeline names it
         code = spirv_bytes(shader)
         self.module = vk.vkCreateShaderModule(ctx.device, vk.VkShaderModuleCreateInfo(
