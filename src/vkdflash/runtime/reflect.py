@@ -13,7 +13,8 @@ from ..errors import VkdflashError
 
 MAGIC = 0x07230203
 # opcodes
-OP_TYPE_IMAGE, OP_TYPE_STRUCT, OP_TYPE_POINTER, OP_VARIABLE, OP_DECORATE, OP_MEMBER_DECORATE = 25, 30, 32, 59, 71, 72
+OP_TYPE_IMAGE, OP_TYPE_STRUCT, OP_TYPE_POINTER, OP_FUNCTION, OP_VARIABLE, OP_DECORATE, OP_MEMBER_DECORATE = \
+    25, 30, 32, 54, 59, 71, 72
 # decorations
 BLOCK, BUFFER_BLOCK, NON_WRITABLE, BINDING = 2, 3, 24, 33
 # storage classes
@@ -25,7 +26,7 @@ def writable_bindings(code: bytes) -> frozenset:
     """Binding numbers of the module's descriptors that a shader store can write."""
     if len(code) < 20 or len(code) % 4 or struct.unpack_from("<I", code)[0] != MAGIC:
         raise VkdflashError("not a SPIR-V module (no magic number, or not whole 32-bit words)")
-    words = struct.unpack(f"<{len(code) // 4}I", code)
+    words = memoryview(code).cast("I")  # SPIR-V is little endian, as every device vkdflash runs on
     binding, flagged, struct_flags, members, non_writable_members = {}, set(), {}, {}, {}
     pointers, variables, storage_images = {}, [], set()
     i = 5
@@ -33,6 +34,8 @@ def writable_bindings(code: bytes) -> frozenset:
         count, op = words[i] >> 16, words[i] & 0xFFFF
         if count == 0 or i + count > len(words):
             raise VkdflashError(f"a damaged SPIR-V module: an instruction of {count} words at word {i}")
+        if op == OP_FUNCTION:
+            break  # decorations, types and global variables all come before the first function
         args = words[i + 1:i + count]
         if op == OP_DECORATE and len(args) >= 2:
             if args[1] == BINDING and len(args) >= 3:
