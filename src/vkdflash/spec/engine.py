@@ -15,6 +15,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import VkdflashError
 from ..kernels.types import get_type
 from ..kv_cache import rotation_disabled_by_env
@@ -64,6 +66,13 @@ def _why(what: str, exc: Exception) -> str:
     if isinstance(exc, VkdflashError):  # already the user's one line (e.g. a malformed draft file)
         return str(exc)
     return f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+
+def _strategy_seed(seed: int | None) -> int | None:
+    """The request's seed as a strategy gets it: derived, not equal. A strategy seeding numpy's
+    generator with the sampler's own seed drew its drafts from the verifier's stream: the number
+    that accepted draft i had drawn draft i + 1, and sampled text left plain sampling's distribution."""
+    return None if seed is None else int(np.random.SeedSequence([seed, 1]).generate_state(1)[0])
 
 
 class Speculator:
@@ -161,7 +170,7 @@ class Speculator:
         model, cache = self.model, self.model.cache
         model.reset()
         self.ctx.tokens = []  # a new request: nothing committed yet (a speculator serves many)
-        self.ctx.temperature, self.ctx.seed = sampler.temp, sampler.seed
+        self.ctx.temperature, self.ctx.seed = sampler.temp, _strategy_seed(sampler.seed)
         greedy = sampler.greedy
         t0 = time.perf_counter()
         out = model.forward(prompt_ids, capture=self.capture, greedy=greedy, prompt=True)

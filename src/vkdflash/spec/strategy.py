@@ -180,7 +180,7 @@ class StrategyContext:
     new_hidden: dict = field(default_factory=dict)  # layer-input id -> [n_new, d] for newly committed positions
     new_final: np.ndarray | None = None  # [n_new, d]: target hidden state after output_norm
     temperature: float = 0.0            # the request's sampling temperature (0: greedy), set before begin()
-    seed: int | None = None             # the request's seed (None: unseeded), set before begin()
+    seed: int | None = None             # derived from the request's seed, never the sampler's own (None: unseeded)
 
     def create_kv_cache(self, n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int | None = None,
                         name: str = "draft") -> KVHandle:
