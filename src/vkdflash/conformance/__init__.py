@@ -71,8 +71,10 @@ def compare(case: Case, got, want, step=None) -> Result:
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
         return Result(case, False, float("inf"), f"shape {got.shape} != {want.shape}")
-    if got.dtype.kind == "f" and np.isnan(got).any() and not np.array_equal(np.isnan(got), np.isnan(want)):
-        return Result(case, False, float("inf"), "NaN in output")
+    # NaN anywhere fails, whatever the metric: an "exact" NaN in both would pass bit for bit
+    for what, a in (("output", got), ("reference", want)):
+        if a.dtype.kind == "f" and np.isnan(a).any():
+            return Result(case, False, float("inf"), f"NaN in the {what}")
     if case.metric == "exact":
         same = np.array_equal(got.view(np.uint8) if got.dtype.kind == "f" else got,
                               want.astype(got.dtype).view(np.uint8) if got.dtype.kind == "f" else want)
@@ -93,37 +95,51 @@ def compare(case: Case, got, want, step=None) -> Result:
 
 
 class Output:
-    """An output buffer followed by a guard region the kernel must not touch."""
+    """Output buffers, each followed by a guard region the kernel must not touch. The parts share
+    one device buffer (multi-output kernels need that) at 256-byte offsets, which every device can
+    bind, with at least GUARD_BYTES between them; every byte outside the parts is checked."""
 
-    def __init__(self, ctx, nbytes: int):
-        self.nbytes = int(nbytes)
-        self.buffer = ctx.buffer(self.nbytes + GUARD_BYTES)
-        self.buffer.write(np.full(self.nbytes + GUARD_BYTES, GUARD_BYTE, np.uint8))
-        self.view = self.buffer.view(0, self.nbytes)
+    def __init__(self, ctx, *sizes: int):
+        self.parts, end = [], 0
+        for size in sizes:
+            start = -(-end // 256) * 256
+            self.parts.append((start, int(size)))
+            end = start + int(size) + GUARD_BYTES
+        self.buffer = ctx.buffer(end)
+        self.buffer.write(np.full(end, GUARD_BYTE, np.uint8))
+        self.views = [self.buffer.view(start, size) for start, size in self.parts]
 
     def read(self, dtype=np.float32) -> np.ndarray:
+        """The parts, one after another, as a flat `dtype` array."""
         raw = self.buffer.read(np.uint8)
-        if (raw[self.nbytes:] != GUARD_BYTE).any():
+        outside = np.ones(len(raw), bool)
+        for start, size in self.parts:
+            outside[start:start + size] = False
+        if (raw[outside] != GUARD_BYTE).any():
             raise VkdflashError("kernel wrote past the end of its output (guard region changed)")
-        return raw[:self.nbytes].copy().view(dtype)
+        return np.concatenate([raw[start:start + size] for start, size in self.parts]).view(dtype)
 
     def destroy(self) -> None:
         self.buffer.destroy()
 
 
-def launch(ctx, out_nbytes: int, record, *inputs, dtype=np.float32) -> np.ndarray:
+def launch(ctx, out_nbytes, record, *inputs, dtype=np.float32, scratch=()) -> np.ndarray:
     """Run one kernel once: numpy inputs are uploaded (device objects pass through), then
-    record(graph, *buffers, out_view) is recorded and run; everything is freed afterwards and
-    the guarded output comes back as a flat `dtype` array. A kernel must only read its numpy
-    inputs: one that changed is an error."""
+    record(graph, *buffers, *out_views) is recorded and run, one guarded output view per size in
+    `out_nbytes` (an int or a tuple); everything is freed afterwards and the outputs come back one
+    after another as a flat `dtype` array. `scratch`: Outputs the kernels write on the way (their
+    guards are checked too). A kernel must only read its numpy inputs: one that changed is an error."""
+    sizes = out_nbytes if isinstance(out_nbytes, tuple) else (out_nbytes,)
     bufs = [ctx.upload(a) if isinstance(a, np.ndarray) else a for a in inputs]
-    out, graph = Output(ctx, out_nbytes), Graph(ctx)
+    out, graph = Output(ctx, *sizes), Graph(ctx)
     try:
-        record(graph, *bufs, out.view)
+        record(graph, *bufs, *out.views)
         graph.run()
         for i, (a, b) in enumerate(zip(inputs, bufs)):
             if isinstance(a, np.ndarray) and not np.array_equal(b.read(np.uint8, a.nbytes), a.reshape(-1).view(np.uint8)):
                 raise VkdflashError(f"the kernel changed its input {i}")
+        for s in scratch:
+            s.read(np.uint8)
         return out.read(dtype)
     finally:
         graph.destroy()

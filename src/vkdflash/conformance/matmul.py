@@ -5,17 +5,19 @@ bytes) that Weights pads to a 16-byte stride and that end in a partial group (mu
 tail); n = 1 (its own slot count), 7 (slots partly filled) and 64; a cols=4096 matvec.
 "other-path" cases flip the device's choice of texel or storage-buffer loads, so both load
 paths are checked on every device; "accumulate" cases add the product into y (the residual
-add wo and down do in place); "glu" cases are an FFN's silu(x gate^T) * (x up^T); "rope" cases
-a stacked QKV matmul that turns Q and K (normal RoPE) as it stores them; "norm" cases QKV and
-the GLU applying an RMSNorm as they load x (with a CPU device's kernel shape where the device can
-run it, else the rms_norm dispatch and matmul the engine takes there)."""
+add wo and down do in place); "glu" cases are an FFN's silu(x gate^T) * (x up^T) ("texel/" and
+"storage/": the fused kernel on that load path); "rope" cases a stacked QKV matmul that turns Q
+and K (normal RoPE) as it stores them; "norm" cases QKV and the GLU applying an RMSNorm as they
+load x (with a CPU device's kernel shape where the device can run it, else the rms_norm dispatch
+and matmul the engine takes there). Outputs written side by side (Q, K, V) each get a guard
+region, and so do the buffers a case's kernels write on the way."""
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
 
-from . import NMSE_MATMUL, Case, launch, rng, uniform
+from . import NMSE_MATMUL, Case, Output, launch, rng, uniform
 from ..kernels.copy import copy
 from ..errors import VkdflashError
 from ..kernels.matmul import config_for, glu, matmul, matmul_split, norm_on_load
@@ -24,7 +26,6 @@ from ..kernels.rope import rope, store_rope
 from ..kernels.types import WEIGHT_TYPES, get_type
 from ..kernels.weights import Weight
 from ..ref import ops, quants as ref
-from ..runtime.memory import View
 
 
 def _case(tname: str, rows: int, cols: int, n: int, slow: bool = False, other_path: bool = False,
@@ -49,21 +50,32 @@ def _case(tname: str, rows: int, cols: int, n: int, slow: bool = False, other_pa
     return Case(name, run, threshold=NMSE_MATMUL, slow=slow)
 
 
-def _glu_case(tname: str, rows: int, cols: int, n: int) -> Case:
+def _forced(ctx, texel: bool, **kw):
+    """The device's config with 4 weight rows a lane (the GLU and store-time RoPE need an even
+    number: a shape any device can run) and the given load path."""
+    return dataclasses.replace(config_for(ctx.features), rows_matvec=4, rows_batch=4, texel=texel, **kw)
+
+
+def _glu_case(tname: str, rows: int, cols: int, n: int, texel: bool | None = None) -> Case:
+    """texel None: the device's own config (one fused dispatch or three kernels); else the fused
+    kernel on that load path."""
     def run(ctx):
         r = rng("matmul-glu", tname, rows, cols, n)
         raws = [ref.random_blocks(r, tname, rows, cols) for _ in "gu"]
         x = uniform(r, n, cols)
         gate, up = (Weight(ctx, tname, rows, cols, raw) for raw in raws)
-        scratch = ctx.buffer(n * rows * 4)
+        scratch = Output(ctx, n * rows * 4)
+        cfg = None if texel is None else _forced(ctx, texel)
         try:
-            got = launch(ctx, n * rows * 4, lambda gr, xb, out: glu(gr, gate, up, xb, out, n, scratch), x)
+            got = launch(ctx, n * rows * 4, lambda gr, xb, out: glu(gr, gate, up, xb, out, n, scratch.views[0], cfg),
+                         x, scratch=(scratch,))
         finally:
             for b in (gate, up, scratch):
                 b.destroy()
         hg, hu = (ref.matmul(x, ref.dequantize(raw, tname, cols)).astype(np.float64) for raw in raws)
         return got.reshape(n, rows), (hg / (1.0 + np.exp(-hg)) * hu).astype(np.float32)
-    return Case(f"matmul/glu/{tname}/rows={rows},cols={cols},n={n}", run, threshold=NMSE_MATMUL)
+    path = "" if texel is None else "texel/" if texel else "storage/"
+    return Case(f"matmul/glu/{path}{tname}/rows={rows},cols={cols},n={n}", run, threshold=NMSE_MATMUL)
 
 
 def _rope_case(tname: str, n: int, head_dim: int = 64, heads=(3, 1, 1), n_rot=None, other_path: bool = False) -> Case:
@@ -75,17 +87,15 @@ def _rope_case(tname: str, n: int, head_dim: int = 64, heads=(3, 1, 1), n_rot=No
         x = uniform(r, n, cols)
         pos = r.integers(0, 1 << 20, n).astype(np.int32)
         # a shape that turns as it stores on any device (CPU devices fuse n <= 2 by default)
-        cfg = config_for(ctx.features)
-        cfg = dataclasses.replace(cfg, rope_nj=n, rows_matvec=4, rows_batch=4, texel=cfg.texel != other_path)
+        cfg = _forced(ctx, config_for(ctx.features).texel != other_path, rope_nj=n)
         w = Weight(ctx, tname, sum(rows), cols, raw)
 
-        def record(g, xb, pb, out):
-            views = [View(out.buffer, out.offset + 4 * n * sum(rows[:i]), 4 * n * k) for i, k in enumerate(rows)]
+        def record(g, xb, pb, *views):  # Q, K and V, each with its guard
             if not matmul_split(g, w, xb, list(zip(rows, views)), n, cfg, rope=store_rope(g, pb, n, head_dim, 1e4,
                                                                                           n_rot=n_rot)):
                 raise VkdflashError("the QKV matmul did not turn Q and K")
         try:
-            got = launch(ctx, n * sum(rows) * 4, record, x, pos)
+            got = launch(ctx, tuple(4 * n * k for k in rows), record, x, pos)
         finally:
             w.destroy()
         y = ref.matmul(x, ref.dequantize(raw, tname, cols))
@@ -101,40 +111,38 @@ def _norm_case(tname: str, n: int, ffn: bool, mode: str = "normal") -> Case:
     """mode "neox": QKV that cannot turn Q and K as it stores them (the norm alone)."""
     def run(ctx):
         r = rng("matmul-norm", tname, n, ffn, mode)
-        cols, hd, rows = 128, 32, ((96, 96) if ffn else (64, 32, 32))
+        cols, hd, rows = max(128, get_type(tname).qk), 32, ((96, 96) if ffn else (64, 32, 32))
         shapes = rows if ffn else (sum(rows),)  # gate and up, or the stacked QKV
         raws = [ref.random_blocks(r, tname, k, cols) for k in shapes]
-        x = (uniform(r, n, cols) * 4).astype(np.float32)
-        nw = r.uniform(0.5, 1.5, cols).astype(np.float32)
+        x = (uniform(r, n, cols) * 4).astype(np.float32)  # the residual stream, larger than unit scale
+        nw = r.uniform(0.5, 1.5, cols).astype(np.float32)  # norm weights near 1, as trained ones are
         pos = r.integers(0, 4096, n).astype(np.int32)
         sg = ctx.features.subgroup_size
-        cfg = dataclasses.replace(config_for(ctx.features), workgroup=sg, split=1, xbcast=2 if sg >= 16 else 1, texel=True,
-                                  rolled_slots=False, rows_matvec=4, rows_batch=4, norm_nj=n, rope_nj=n)
+        cfg = _forced(ctx, True, workgroup=sg, split=1, xbcast=2 if sg >= 16 else 1, rolled_slots=False, norm_nj=n,
+                      rope_nj=n)
         ws = [Weight(ctx, tname, k, cols, raw) for k, raw in zip(shapes, raws)]
+        # where the norm cannot be fused: the rms_norm dispatch's output, and the GLU's up product
+        normed, scratch = Output(ctx, n * cols * 4), Output(ctx, n * rows[0] * 4)
 
-        def record(g, xb, nwb, pb, out):
+        def record(g, xb, nwb, pb, *out):  # the GLU's output, or Q, K and V, each with its guard
             fused = sg >= 8 and norm_on_load(g, n, xb, nwb, ws[0], ws[1] if ffn else None, cfg)
             src = xb
             if not fused:
-                src = g.ctx.buffer(n * cols * 4)
-                g.after_run(src.destroy)
+                src = normed.views[0]
                 rms_norm(g, xb, nwb, src, n, cols, 1e-5)
             norm = (nwb, 1e-5) if fused else None
             if ffn:
-                scratch = g.ctx.buffer(n * rows[0] * 4)
-                g.after_run(scratch.destroy)
-                glu(g, ws[0], ws[1], src, out, n, scratch, cfg, norm=norm)
+                glu(g, ws[0], ws[1], src, out[0], n, scratch.views[0], cfg, norm=norm)
                 return
-            views = [View(out.buffer, out.offset + 4 * n * sum(rows[:i]), 4 * n * k) for i, k in enumerate(rows)]
-            if not matmul_split(g, ws[0], src, list(zip(rows, views)), n, cfg, norm=norm,
+            if not matmul_split(g, ws[0], src, list(zip(rows, out)), n, cfg, norm=norm,
                                 rope=store_rope(g, pb, n, hd, 1e4, mode)):
-                rope(g, views[0], pb, views[0], n, rows[0] // hd, hd, 1e4, mode,
-                     second=(views[1], views[1], rows[1] // hd))
+                rope(g, out[0], pb, out[0], n, rows[0] // hd, hd, 1e4, mode, second=(out[1], out[1], rows[1] // hd))
         try:
-            got = launch(ctx, n * (rows[0] if ffn else sum(rows)) * 4, record, x, nw, pos)
+            got = launch(ctx, (4 * n * rows[0],) if ffn else tuple(4 * n * k for k in rows), record, x, nw, pos,
+                         scratch=(normed, scratch))
         finally:
-            for w in ws:
-                w.destroy()
+            for b in (*ws, normed, scratch):
+                b.destroy()
         h = ops.rms_norm(x, nw, 1e-5)
         ys = [ref.matmul(h, ref.dequantize(raw, tname, cols)).astype(np.float64) for raw in raws]
         if ffn:
@@ -158,12 +166,15 @@ def cases():
         out.append(_case(tname, 3, narrow, 7, other_path=True))
         out.append(_case(tname, 12, narrow, 3, accumulate=True))
     out.append(_case("q4_1", 36, 512, 1, accumulate=True))
-    # gate/up/swiglu in one dispatch (types with 32-value blocks; others fall back to 3 kernels)
-    glu_types = [t for t in WEIGHT_TYPES if get_type(t).qk <= 32]
-    out += [_glu_case(t, 20, 256, (5, 3)[i % 2]) for i, t in enumerate(glu_types)]  # n 5 and 3 in turn
+    # gate/up/swiglu in one dispatch (types with 32-value blocks; others fall back to 3 kernels),
+    # the device's config and then each load path; QKV turning Q and K as it stores them, each
+    # load path; RMSNorm on load in QKV (any type), in QKV turning Q and K, and in the GLU
+    fused = [t for t in WEIGHT_TYPES if get_type(t).qk <= 32]
+    out += [_glu_case(t, 20, 256, (5, 3)[i % 2]) for i, t in enumerate(fused)]  # n 5 and 3 in turn
     out.append(_glu_case("q4_1", 36, 512, 1))
-    out += [_rope_case("q4_1", 1), _rope_case("q8_0", 2), _rope_case("f16", 1, 32, (2, 2, 1), n_rot=16),
-            _rope_case("q4_0", 2, other_path=True)]
-    out += [_norm_case("q4_1", 1, False), _norm_case("q4_1", 2, True), _norm_case("q8_0", 2, False),
-            _norm_case("f16", 1, True), _norm_case("q4_0", 2, False, "neox")]
+    out += [_glu_case(t, 20, 256, 1 + i % 2, texel) for i, t in enumerate(fused) for texel in (True, False)]
+    out += [_rope_case(t, 2 - i % 2, other_path=p) for i, t in enumerate(fused) for p in (False, True)]
+    out.append(_rope_case("f16", 1, 32, (2, 2, 1), n_rot=16))
+    out += [_norm_case(t, 1 + i % 2, False, "neox") for i, t in enumerate(WEIGHT_TYPES)]
+    out += [_norm_case(t, 2 - i % 2, ffn) for i, t in enumerate(fused) for ffn in (False, True)]
     return out

@@ -33,6 +33,7 @@ def cases():
             _case(64, 8, 128, mode, 1e6),
             _case(17, 4, 128, mode, 10000.0, max_pos=1 << 20),
             _case(5, 2, 256, mode, 1e6, n_rot=64),
+            _case(7, 3, 36, mode, 10000.0),  # head_dim no multiple of 8: the storage-buffer kernel on any device
         ]
     out.append(_case(9, 3, 128, "neox", 500000.0, factors=True))
     return out

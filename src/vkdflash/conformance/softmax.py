@@ -11,7 +11,7 @@ from ..ref import ops
 def _softmax_case(n_rows, n_cols, scale=1.0, masked=False):
     def run(ctx):
         r = rng("softmax", n_rows, n_cols, scale, masked)
-        x = uniform(r, n_rows, n_cols) * np.float32(8.0)
+        x = uniform(r, n_rows, n_cols) * np.float32(8.0)  # logits' spread: [-1, 1] gives a near-flat softmax
         if masked:  # causal-style -inf tails, and one fully masked row
             for i in range(n_rows):
                 x[i, r.integers(1, n_cols + 1):] = -np.inf
