@@ -39,6 +39,9 @@
 //! variant mul_mat_texel_rope_norm TEXEL=1 ROPE=1 NORM=1
 //! variant mul_mat_texel_glu_norm TEXEL=1 GLU=1 NORM=1
 //! each WTYPE f32=T_F32 f16=T_F16 q4_0=T_Q4_0 q4_1=T_Q4_1 q5_0=T_Q5_0 q5_1=T_Q5_1 q8_0=T_Q8_0 q4_k=T_Q4_K q6_k=T_Q6_K bf16=T_BF16
+// the GLU and store-time RoPE need an even number of weight rows a lane, which only 32-value
+// blocks get (kernels/matmul.py rows_per_lane): no code path dispatches them for the k-quants
+//! omit mul_mat*_glu*_q4_k mul_mat*_glu*_q6_k mul_mat*_rope*_q4_k mul_mat*_rope*_q6_k
 #extension GL_KHR_shader_subgroup_shuffle : enable
 #include "common.glsl"
 #include "types.glsl"

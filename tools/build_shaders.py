@@ -7,7 +7,9 @@ A .comp declares its variants in lines of the form
     //! each DEFINE KEY=VALUE ...
 makes NAME_KEY of every variant with DEFINE=VALUE added (a constant the compiler folds, so each
 module holds only its own code: lavapipe spends most of a pipeline's creation on the module's
-size). The manifest records a hash of each variant's
+size), and may drop the products no code path can dispatch:
+    //! omit GLOB ...
+The manifest records a hash of each variant's
 inputs (source, includes, defines, flags) so a test can tell when shipped SPIR-V is stale
 without needing a compiler.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import fnmatch
 import hashlib
 import json
 import re
@@ -35,6 +38,7 @@ FLAGS = ["--target-env=vulkan1.2", "-O", "-fshader-stage=compute"]
 INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"', re.M)
 VARIANT = re.compile(r"^//!\s*variant\s+(\S+)(.*)$", re.M)
 EACH = re.compile(r"^//!\s*each\s+(\S+)(.*)$", re.M)
+OMIT = re.compile(r"^//!\s*omit\s+(.*)$", re.M)
 
 
 def includes(path: Path, seen: set | None = None) -> list[Path]:
@@ -53,7 +57,8 @@ def variants(comp: Path) -> list[tuple[str, list[str]]]:
     for define, values in EACH.findall(text):
         found = [(f"{name}_{key}", defines + [f"{define}={value}"])
                  for name, defines in found for key, value in (kv.split("=", 1) for kv in values.split())]
-    return found
+    omitted = [glob for line in OMIT.findall(text) for glob in line.split()]
+    return [(name, defines) for name, defines in found if not any(fnmatch.fnmatchcase(name, g) for g in omitted)]
 
 
 def input_hash(comp: Path, defines: list[str]) -> str:
