@@ -92,6 +92,13 @@ def test_bench_model_says_when_it_raises_the_context(monkeypatch, caplog):
     assert "-c raised from 32 to 103" in caplog.text
 
 
+def test_bench_spec_names_a_prompt_longer_than_the_context():
+    """It had said "context full: 40 + 4 tokens exceed -c 40", from its warm-up's passes."""
+    res = CliRunner().invoke(main, ["bench", "spec", "--spec", "ngram", "-n", "4", "--reps", "1", "-c", "40"])
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines()[-1] == "vkdflash: error: the prompt is 44 tokens, the context only 40: raise -c"
+
+
 def test_suite_runs_are_checked():
     suite = ["bench", "spec", "-m", MISSING, "--suite", "default"]
     line = usage_error(*suite, "--suite-runs", "bogus:3")
