@@ -33,12 +33,19 @@ class Acceptance:
         self.first_prior, self.first_weight = 0.5, PRIOR
         self.expected = self.first_prior  # a_1 as the run started: the record, else the guess
         self.disowned = None  # why the record stopped pricing drafts (the run contradicted it)
+        self.start_weight = PRIOR  # first_weight as a run starts
 
     def expect(self, first_acceptance: float) -> None:
         """The prior of a_1: what the draft measured on its suite (RECORD_PRIOR pseudo-counts:
         evidence outweighs it within some ten first drafts)."""
         self.first_prior = self.expected = min(max(float(first_acceptance), 0.0), 1.0)
-        self.first_weight = RECORD_PRIOR
+        self.first_weight = self.start_weight = RECORD_PRIOR
+
+    def reset(self) -> None:
+        """A new run (a server's next request): no evidence yet, and the record, even one the last
+        run disowned, prices a_1 again (that run's text contradicted it, not necessarily this one's)."""
+        self.counts, self.run_counts = np.zeros_like(self.counts), np.zeros_like(self.run_counts)
+        self.first_prior, self.first_weight, self.disowned = self.expected, self.start_weight, None
 
     @property
     def record(self) -> float | None:

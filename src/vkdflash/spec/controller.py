@@ -29,6 +29,12 @@ commits where a strategy writes each step), and its probes cost too (the shipped
 lavapipe, a_1 ~0.25, left on at k 0 with a probe now and then: 0.91x plain over 9 alternations,
 0.94x once its commits waited for its proposals; switched off: 0.97-1.00x).
 
+A stop is `lasting` (the engine drops the strategy for the speculator's life) only where no
+length would pay even at the a_1 the draft expects (its record, else the guess): then it is this
+device's verdict, which a server's next request would reach again. Otherwise it rests on this
+request's text, and `new_request` gives the next request a fresh view of acceptance, probes and
+the stop rules' evidence; what was learned of the device (pass and draft prices, upkeep) stays.
+
 k = 0 is plain decoding; while the choice stays 0 it drafts a little anyway every `probe_every`
 steps, so the estimates can recover when the text becomes predictable; a probe that gets
 nothing accepted doubles the wait (up to MAX_PROBE_WAIT), so a draft that is never right costs
@@ -70,12 +76,23 @@ class DraftController:
         self.idle = 0      # steps since the last draft
         self.wait = probe_every  # idle steps before the next probe
         self.probing = False
-        self.chosen: list[int] = []
+        self.chosen: list[int] = []  # this request's k per step
+        self.earlier = (0, 0)  # sum of k and steps of the requests before it (summary)
+        self.steps = 0  # this request's steps
+        self.lasting = False  # whether the last stop_reason() is this device's verdict, not the request's
         self.overhead, self.overheads = 0.0, []  # seconds a step spends keeping the strategy's state, whatever k
-        self.total = np.zeros(2, int)  # drafted, accepted in this run
+        self.total = np.zeros(2, int)  # drafted, accepted in this request
         self.held = 0  # steps that drafted less than the rate asked: the run would not repay a compile
 
     # -- the model -----------------------------------------------------------------
+    def new_request(self) -> None:
+        """Forget what the last request's text taught; keep what the device's costs did."""
+        self.acceptance.reset()
+        self.full, self.idle, self.wait, self.probing, self.steps = 0, 0, self.probe_every, False, 0
+        self.total[:] = 0
+        self.earlier = (self.earlier[0] + sum(self.chosen), self.earlier[1] + len(self.chosen))
+        self.chosen = []
+
     def limit(self, k_max: int) -> None:
         """Lower k_max to what the strategy can draft (before the first step)."""
         self.k_max = min(self.k_max, int(k_max))
@@ -137,13 +154,25 @@ class DraftController:
 
     def stop_reason(self) -> str | None:
         """Why the strategy should be switched off (it costs more than it saves), or None while it
-        pays or the evidence is thin (never when fixed)."""
-        scaled = self.costs.scaled
+        pays or the evidence is thin (never when fixed); sets `lasting`."""
+        reason = self._verdict()
+        if reason:  # the device's verdict where drafts as good as it expects would not pay either
+            self.lasting = max(self._at_record()[1:], default=0.0) < STOP_RATIO * self.plain_rate()
+        return reason
+
+    def _at_record(self) -> list[float]:
+        """Rates with k = 0..k_max at the acceptance the draft expects (no evidence: its record's
+        a_1, else the guess) and steady pass prices."""
+        return self.rates(self.k_max, np.zeros_like(self.acceptance.run_counts), self.costs.steady)
+
+    def _verdict(self) -> str | None:
+        # timed steps of the speculator (pass prices) and of this request (its acceptance)
+        scaled = min(self.costs.scaled, self.steps)
         if self.fixed or self.unmeasured or scaled < STOP_STEPS:
             return None
         if self.total[0] >= self.acceptance.stop_drafts() and not self.total[1]:
             # its upkeep (captures, commits) is then pure cost, and hidden in the live curve
-            return (f"none of its {self.total[0]} drafts was accepted in {scaled} steps; --draft-fixed "
+            return (f"none of its {self.total[0]} drafts was accepted in {self.steps} steps; --draft-fixed "
                     "keeps it on")
         if self.drafts.timings() < SHAPE_PASSES:
             # its rate rests on what a draft costs: one timing is noise (the shipped MTP head's
@@ -165,8 +194,7 @@ class DraftController:
         # record would make a length pay by the margin below (the shipped DFlash draft on
         # lavapipe); inside it, a few noisy timings decide (the shipped MTP head, 1.16x plain at
         # k 1, was switched off in 1 of 5 runs when 4 drafts' timings put k 1 at 0.98x)
-        if k == 0 and max(self.rates(self.k_max, np.zeros_like(run_counts), steady)[1:], default=0.0) \
-                < STOP_RATIO * plain:
+        if k == 0 and max(self._at_record()[1:], default=0.0) < STOP_RATIO * plain:
             return (f"it costs more than it saves here: no draft length pays at the a_1 it expects "
                     f"({self.acceptance.first_prior:.2f}) nor at the {a_1:.2f} it had; --draft-fixed keeps it on")
         if best >= STOP_RATIO * plain:
@@ -246,6 +274,7 @@ class DraftController:
             self.drafts.learn(k, draft_seconds)
         self.full = drafted if drafted and accepted == drafted else 0
         self.total += (drafted, accepted)
+        self.steps += 1
         if self.probing:
             self.wait = self.probe_every if accepted else min(2 * self.wait, MAX_PROBE_WAIT)
             self.probing = False
@@ -260,10 +289,11 @@ class DraftController:
     def summary(self) -> dict:
         """Mean chosen k and why: the expected rate of the mean choice next to plain decoding's
         (None when fixed: that controller prices nothing, its curve is a placeholder)."""
-        mean_k = float(np.mean(self.chosen)) if self.chosen else 0.0
+        steps = self.earlier[1] + len(self.chosen)
+        mean_k = (self.earlier[0] + sum(self.chosen)) / steps if steps else 0.0
         k = int(round(mean_k))
         priced = not (self.fixed or self.unmeasured)
-        return {"mode": "fixed" if self.fixed else "cost-aware", "mean_k": mean_k, "steps": len(self.chosen),
+        return {"mode": "fixed" if self.fixed else "cost-aware", "mean_k": mean_k, "steps": steps,
                 "held_for_setup": self.held,
                 "unmeasured": self.unmeasured, "record_dropped": self.acceptance.disowned,
                 "expected_tps": self.expected_rate(k) if priced else None,

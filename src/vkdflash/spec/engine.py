@@ -8,7 +8,10 @@ Per step, with `last` the newest token (sampled, not yet in the target cache, at
   target cache truncated to P+1+n; the strategy is told which positions were committed.
 Batch invariance makes the verify pass's logits bit-identical to one-token decoding, so greedy
 output is identical to --spec none. A strategy that raises or proposes invalid tokens is
-switched off for the rest of the request with a one-line warning; generation goes on."""
+switched off for good with a one-line warning (_disable); generation goes on.
+A Speculator serves request after request (the suite, a server): each starts from nothing
+committed, with the controller's view of the text reset (DraftController.new_request); what it
+learned of this device, and SpecStats' counts, run on over the speculator's life."""
 from __future__ import annotations
 
 import logging
@@ -91,7 +94,8 @@ class Speculator:
         self.control.drafts.prior(drafts)
         self._seen: dict = {}  # proposals per (asked, drafted) shape: a strategy's graphs exist, and warm
         self._setup_key, self._setup_at = None, {}  # setup seconds per pass shape (_setup_seconds)
-        self._warned = False
+        self._warned = False  # the watchdog judges the speculator's whole life (its stats'), once
+        self._off = ""  # why the strategy sits out the rest of this request (_disable)
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
         self.strategy = None
@@ -130,12 +134,22 @@ class Speculator:
             self._disable(_why(what, exc))
         return None
 
-    def _disable(self, why: str) -> None:
-        if self.stats.disabled:
+    @property
+    def _active(self) -> bool:
+        return self.strategy is not None and not self._off
+
+    def _disable(self, why: str, lasting: bool = True) -> None:
+        """Switch the strategy off. Where it is at fault (it raised, proposed no proposal) or costs
+        more than it saves here even at the acceptance it expects, for good: a server's later
+        requests would pay the same. Where this request's text defeated its drafts, for the rest
+        of this request only: the next request may suit it (ngram on a chat answer, then code)."""
+        if not self._active:
             return
-        log.warning("strategy %s switched off for this request: %s", self.stats.strategy, why)
-        self.stats.disabled = why
-        self._drop_strategy()
+        self._off = self.stats.disabled = why
+        log.warning("strategy %s switched off for %s: %s", self.stats.strategy,
+                    "this and later requests" if lasting else "this request", why)
+        if lasting:
+            self._drop_strategy()
 
     def _drop_strategy(self) -> None:
         strategy, self.strategy = self.strategy, None
@@ -157,7 +171,7 @@ class Speculator:
         t0 = time.perf_counter()
         prop = self._guard("propose", lambda: self.strategy.propose(self.ctx, last, max_n))
         self.stats.draft_seconds += time.perf_counter() - t0
-        if self.strategy is None:
+        if not self._active:
             return Proposal([])
         try:
             return checked_proposal(prop, max_n, self.model.hp.n_vocab)  # what is verified is what was checked
@@ -169,13 +183,16 @@ class Speculator:
         """Yield generated token ids, committing speculatively; `budget` bounds drafting."""
         model, cache = self.model, self.model.cache
         model.reset()
-        self.ctx.tokens = []  # a new request: nothing committed yet (a speculator serves many)
+        self.ctx.tokens = []  # a new request: nothing committed yet
+        if self.strategy is not None:  # off for the last request's text, not this one's
+            self._off = self.stats.disabled = ""
+        self.control.new_request()
         self.ctx.temperature, self.ctx.seed = sampler.temp, _strategy_seed(sampler.seed)
         greedy = sampler.greedy
         t0 = time.perf_counter()
-        out = model.forward(prompt_ids, capture=self.capture, greedy=greedy, prompt=True)
+        out = model.forward(prompt_ids, capture=self.capture if self._active else (), greedy=greedy, prompt=True)
         gen_stats.prompt_tokens, gen_stats.prompt_seconds = len(prompt_ids), time.perf_counter() - t0
-        if self.strategy is not None:
+        if self._active:
             self._committed(out, 0, len(prompt_ids), prompt_ids)
             self._timed_inject(lambda: self.strategy.begin(self.ctx), "begin")
         last = int(out.ids[-1]) if greedy else sampler.sample(out.logits[-1])
@@ -187,11 +204,11 @@ class Speculator:
             room = min(budget - emitted - 1, cache.n_ctx - pos - 1)
             if pos >= cache.n_ctx:
                 return
-            if self.strategy is not None and self.control.unmeasured and self.measure is not None and room > 0:
+            if self._active and self.control.unmeasured and self.measure is not None and room > 0:
                 self._measure_if_it_pays(min(room, emitted))
             max_n = self.control.choose(room, lambda rows: self._setup_seconds(rows, rows > 1, self.capture, greedy)
                                         + self._first_seconds, emitted) \
-                if self.strategy is not None else 0
+                if self._active else 0
             t0, kernels = time.perf_counter(), len(model.ctx.pipelines)
             prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
             t1, compiled = time.perf_counter(), len(model.ctx.pipelines) > kernels
@@ -199,7 +216,7 @@ class Speculator:
                 self._proposed, self._first_seconds = True, 0.0
                 if self.costs:
                     self.costs.proposed(t1 - t0)
-            capture = self.capture if self.strategy is not None else ()  # a switched-off strategy reads none
+            capture = self.capture if self._active else ()  # a switched-off strategy reads none
             rows = 1 + len(prop.tokens)  # one row: plain decoding's own pass (measured 2-3% faster)
             warm = model.recorded(rows, rows > 1, capture, greedy)
             out = model.forward([last] + prop.tokens, all_logits=rows > 1, capture=capture, greedy=greedy)
@@ -222,12 +239,12 @@ class Speculator:
             if self.control.acceptance.disowned != disowned:
                 log.info("%s: %s", self.stats.strategy, self.control.acceptance.disowned)
             log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), max_n, n)
-            if self.strategy is not None:
+            if self._active:
                 self._committed(out, pos, 1 + n, [last] + prop.tokens[:n])
                 self.control.note_overhead(self._timed_inject(lambda: self.strategy.commit(self.ctx), "commit"))
                 reason = self.control.stop_reason()
                 if reason:
-                    self._disable(reason + self._short_of_record())
+                    self._disable(reason + self._short_of_record(), self.control.lasting)
             for t in prop.tokens[:n]:
                 yield t
                 emitted += 1
@@ -258,7 +275,7 @@ class Speculator:
     def _watch(self) -> None:
         """One warning when live first-draft acceptance falls far below what the draft recorded:
         the symptom of llama.cpp issue 25725 (a quantized draft cache written without rotation)."""
-        expected = self.expected if self.strategy is not None else None
+        expected = self.expected if self._active else None
         st = self.stats
         if self._warned or not expected or st.steps < WATCH_STEPS:
             return

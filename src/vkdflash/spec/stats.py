@@ -15,7 +15,7 @@ class SpecStats:
     verify_seconds: float = 0.0
     draft_seconds: float = 0.0
     inject_seconds: float = 0.0
-    disabled: str = ""          # why the strategy was switched off mid-request, if it was
+    disabled: str = ""          # why the strategy is off: for good, or in the latest request (engine._disable)
     draft_length: dict = field(default_factory=dict)  # DraftController.summary(): mean k chosen, and why
 
     def record(self, n_drafted: int, n_accepted: int) -> None:
