@@ -21,20 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import VkdflashError
-from ..kernels.types import get_type
-from ..kv_cache import rotation_disabled_by_env
 from .controller import DraftController
 from .curve import FIRST_ROWS, measuring_passes
 from .stats import SpecStats
 from .strategy import InvalidProposal, Proposal, StrategyContext, checked_proposal, declared
 from .verify import verify, verify_greedy
+from .watchdog import Watchdog
 
 log = logging.getLogger("vkdflash")
-WATCH_STEPS = 24    # verify steps with drafts before the watchdog judges acceptance
-# live a_1 below this share of the draft's recorded a_1 is "far below": the bug it exists for
-# (unrotated injection) falls below 0.2x, while single suite prompts, walked in torch with the
-# shipped files, fall below 0.5x of their suite's mean on 4 of 24 (both drafts) and 0.25x on none
-WATCH_RATIO = 0.25
 # a strategy's first proposals of a shape run cold: the shipped MTP head's k 1 proposals took (the
 # first untimed) 9.1, 6.6, 3.9, 3.5 ms, then 2.5-2.8, and priced by the first three it was
 # switched off where k 1 pays; the first two are not learned (the median of three absorbs one more)
@@ -94,7 +88,7 @@ class Speculator:
         self.control.drafts.prior(drafts)
         self._seen: dict = {}  # proposals per (asked, drafted) shape: a strategy's graphs exist, and warm
         self._setup_key, self._setup_at = None, {}  # setup seconds per pass shape (_setup_seconds)
-        self._warned = False  # the watchdog judges the speculator's whole life (its stats'), once
+        self.watchdog = Watchdog()
         self._off = ""  # why the strategy sits out the rest of this request (_disable)
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
@@ -226,7 +220,7 @@ class Speculator:
                       else verify(prop.tokens, out.logits, sampler, prop.probs))
             cache.truncate(pos + 1 + n)
             self.stats.record(len(prop.tokens), n)
-            self._watch()
+            self.watchdog.watch(self.expected if self._active else None, self.stats, self.ctx)
             # a first pass records a graph and compiles kernels (a 3-row verify once took 1.8 s,
             # 40 ms after): not a cost to learn; nor a strategy's first proposals of a shape
             # (COLD_PROPOSALS), or one that compiled (MTP writing held positions in a pass of a
@@ -244,7 +238,8 @@ class Speculator:
                 self.control.note_overhead(self._timed_inject(lambda: self.strategy.commit(self.ctx), "commit"))
                 reason = self.control.stop_reason()
                 if reason:
-                    self._disable(reason + self._short_of_record(), self.control.lasting)
+                    self._disable(reason + self.watchdog.short_of_record(self.control.acceptance, self.ctx),
+                                  self.control.lasting)
             for t in prop.tokens[:n]:
                 yield t
                 emitted += 1
@@ -271,42 +266,6 @@ class Speculator:
             self.control.measured(self.measure())
             log.info("measured the verify cost of %s-row passes in %.1f s after %d tokens: as many more would repay it",
                      "/".join(map(str, FIRST_ROWS)), time.perf_counter() - t0, horizon)
-
-    def _watch(self) -> None:
-        """One warning when live first-draft acceptance falls far below what the draft recorded:
-        the symptom of llama.cpp issue 25725 (a quantized draft cache written without rotation)."""
-        expected = self.expected if self._active else None
-        st = self.stats
-        if self._warned or not expected or st.steps < WATCH_STEPS:
-            return
-        live = st.per_position[0] / st.steps
-        if live < WATCH_RATIO * expected:
-            self._warned = True
-            log.warning("%s: first-draft acceptance %.2f after %d steps is far below the %.2f this draft measured "
-                        "on its suite; %s", st.strategy, live, st.steps, expected, self._suspects())
-
-    def _short_of_record(self) -> str:
-        """For a strategy switched off after its first drafts contradicted the draft's record (the
-        controller dropped it, often before the watchdog has steps enough to judge): the causes."""
-        if self._warned or not self.control.acceptance.disowned:
-            return ""
-        return f"; its record's a_1 is {self.control.acceptance.expected:.2f}: {self._suspects()}"
-
-    def _suspects(self) -> str:
-        """The causes that apply: what differs from how a draft's record is measured (f16 draft
-        caches, greedy); the prompts can always be unlike the training data."""
-        o, temp = self.ctx.options, self.ctx.temperature
-        rotated = o.rotate and not rotation_disabled_by_env()
-        caches = f"K {o.cache_type_k}, V {o.cache_type_v}, KV rotation {'on' if rotated else 'OFF'}"
-        causes = []
-        if any(get_type(t).quantized for t in (o.cache_type_k, o.cache_type_v)):
-            causes.append(f"the quantized draft cache ({caches})")
-        if temp > 0:
-            causes.append(f"sampling at T {temp:.2g} (the record is greedy)")
-        if not causes:
-            return (f"likely cause: prompts unlike its training data (draft cache {caches}, greedy: as the "
-                    "record was measured)")
-        return f"likely causes: {', '.join(causes)}, or prompts unlike its training data"
 
     def _timed_inject(self, call, what: str) -> float:
         t0 = time.perf_counter()
