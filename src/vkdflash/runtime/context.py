@@ -115,10 +115,7 @@ class Context:
 
     def copy(self, src: Buffer, dst: Buffer, nbytes: int, src_offset: int = 0, dst_offset: int = 0) -> None:
         """One-shot buffer copy (staging transfers)."""
-        if dst.owner is not None:
-            raise VkdflashError(f"{dst.owner.name} memory is written only by its own store kernel")
-        if dst.read_only:
-            raise VkdflashError(f"this buffer is {dst.read_only}: read only")
+        dst.check_host_write()
         vk = self.vk
         if self._upload_cmd is None:
             self._upload_cmd = self.command_buffer()

@@ -75,11 +75,16 @@ class Buffer:
         return VkdflashError(f"out of device memory: a buffer of {self.nbytes} bytes ({self.nbytes / 2**20:.1f} MiB) "
                              f"was asked for ({type(exc).__name__})")
 
-    def write(self, data, offset: int = 0) -> None:
+    def check_host_write(self) -> None:
+        """A host write or a device copy into this buffer: refused for owned memory (a KV cache)
+        and read-only memory (a weight)."""
         if self.owner is not None:
             raise VkdflashError(f"{self.owner.name} memory is written only by its own store kernel")
         if self.read_only:
             raise VkdflashError(f"this buffer is {self.read_only}: read only")
+
+    def write(self, data, offset: int = 0) -> None:
+        self.check_host_write()
         src = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         if offset + src.nbytes > self.nbytes:
             raise VkdflashError(f"write of {src.nbytes} bytes at {offset} overflows a {self.nbytes}-byte buffer")

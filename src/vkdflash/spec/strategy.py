@@ -72,7 +72,7 @@ def _token_list(tokens) -> list:
     if not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes)):
         raise InvalidProposal(f"proposed tokens as {type(tokens).__name__}, not a list of token ids")
     tokens = list(tokens)
-    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens):
+    if not all(_whole(t) for t in tokens):
         raise InvalidProposal(f"proposed invalid tokens {tokens[:8]!r}: not all integers")
     return [int(t) for t in tokens]
 
