@@ -83,6 +83,15 @@ def test_hf_environment_features():
     assert t.render(msgs, extra="!") == "<s>2</s>!"
 
 
+def test_tools_and_documents_are_none_unless_given():
+    """Hugging Face renders with tools=None, documents=None (llama.cpp's engine reads unset variables as
+    none): `tools is not none` was true for an undefined variable and wrote a tools section."""
+    source = "{% if tools is not none %}T{{ tools|length }}{% endif %}{% if documents is none %}D{% endif %}"
+    msgs = CONVERSATIONS[0]
+    assert ChatTemplate(source).render(msgs) == "D"
+    assert ChatTemplate(source).render(msgs, tools=[{"name": "f"}]) == "T1D"
+
+
 def test_template_errors_are_one_line():
     msgs = CONVERSATIONS[0]
     with pytest.raises(VkdflashError, match=r"^chat template refused the messages: 'no tools\\nhere'$"):

@@ -157,3 +157,14 @@ def test_stream_decoder_buffers_partial_utf8(tiny):
         ids = r.integers(0, tiny.n_vocab, size=int(r.integers(0, 12))).tolist()
         s = StreamDecoder(tiny, special=True)
         assert "".join(s.push(i) for i in ids) + s.flush() == tiny.decode(ids, special=True)
+
+
+def test_invalid_unicode_text_is_one_line_error(tiny):
+    """A lone surrogate (what an undecodable byte becomes under surrogateescape) used to reach the
+    BPE library and fail there with a TypeError traceback ("TextInputSequence must be str")."""
+    for text, what in (("ab\udcff", r"byte 0xff at character 2 \(after 'ab'\)"),
+                       ("\ud800x", r"lone surrogate U\+D800 at character 0")):
+        for parse_special in (False, True):
+            with pytest.raises(VkdflashError, match="^the text is not valid Unicode: " + what) as info:
+                tiny.encode(text, parse_special=parse_special)
+            assert "\n" not in str(info.value)

@@ -54,7 +54,10 @@ class ChatTemplate:
                    name if source else "ChatML")
 
     def render(self, messages, add_generation_prompt: bool = True, **extra) -> str:
-        """messages: [{"role": ..., "content": ...}, ...]; extra variables (tools=..., etc.) pass through."""
+        """messages: [{"role": ..., "content": ...}, ...]; extra variables (tools=..., etc.) pass through.
+        tools and documents are None unless given, as Hugging Face passes them (and llama.cpp's
+        template engine reads an unset variable): `{% if tools is not none %}` must be false."""
+        extra = {"tools": None, "documents": None, **extra}
         if not isinstance(messages, (list, tuple)) or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
             raise VkdflashError("chat messages must be a list of {'role': str, 'content': ...} dicts")

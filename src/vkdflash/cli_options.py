@@ -26,8 +26,8 @@ class FiniteFloatRange(click.FloatRange):
 
 
 class Utf8Text(click.ParamType):
-    """Text that is valid UTF-8. Argument bytes that are not arrive as surrogate escapes, which
-    the tokenizer refuses with a traceback."""
+    """Text that is valid UTF-8. Argument bytes that are not arrive as surrogate escapes: refused
+    here, in the words of the flag, before the model loads (the tokenizer would refuse them too)."""
     name = "text"
 
     def __init__(self, empty: bool = True):

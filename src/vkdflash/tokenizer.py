@@ -157,6 +157,13 @@ class Tokenizer:
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of `text`. add_special: BOS/EOS as the model's add_bos/add_eos say.
         parse_special: control tokens written in the text (e.g. "<|im_start|>") become those tokens."""
+        try:  # a lone surrogate (an undecodable byte's escape) would fail deep in the BPE library
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = ord(text[exc.start])
+            what = f"byte 0x{bad - 0xdc00:02x}" if 0xdc80 <= bad <= 0xdcff else f"lone surrogate U+{bad:04X}"
+            raise VkdflashError(f"the text is not valid Unicode: {what} at character {exc.start} "
+                                f"(after {quote(text[:exc.start][-20:])})") from None
         ids = [self.bos_id] if add_special and self.add_bos else []
         for f in self._partition(text, parse_special):
             if isinstance(f, int):
