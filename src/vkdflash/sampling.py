@@ -82,13 +82,16 @@ def min_p_mask(logits, p: float, keep=None) -> np.ndarray:
     keep = np.isfinite(x) if keep is None else np.asarray(keep, bool) & np.isfinite(x)
     if p <= 0.0:
         return keep
-    return keep & (x >= x[keep].max() + np.log(p))
+    # p > 1 would keep nothing: the top token stays (llama.cpp's sorted path keeps the first)
+    return keep & (x >= x[keep].max() + min(np.log(p), 0.0))
 
 
 class Sampler:
     def __init__(self, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  seed: int | None = None):
         self.temp, self.top_k, self.top_p, self.min_p = float(temp), int(top_k), float(top_p), float(min_p)
+        if np.isnan([self.temp, self.top_p, self.min_p]).any():  # NaN compares false: silently "off"
+            raise VkdflashError(f"sampler settings must be numbers: temp {temp}, top-p {top_p}, min-p {min_p}")
         self.seed = seed
         self.rng = np.random.default_rng(seed)
 
@@ -107,7 +110,10 @@ class Sampler:
         ids = np.flatnonzero(_top_k(x, self.top_k, np.isfinite(x)))
         kept = x[ids]
         keep = min_p_mask(kept, self.min_p, top_p_mask(kept, self.top_p))
-        out[ids[keep]] = _softmax(kept[keep] / self.temp)
+        # shift before scaling: logits / 1e-308 overflowed to inf, and inf - inf drew NaN
+        kept = kept[keep]
+        with np.errstate(over="ignore"):  # a logit far below the top at T ~ 1e-308: -inf, weight 0
+            out[ids[keep]] = _softmax((kept - kept.max()) / self.temp)
         return out
 
     def draw(self, probs) -> int:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import VkdflashError
+
 
 def verify_greedy(drafts: list[int], target_ids) -> tuple[int, int]:
     """target_ids: the target's argmax for [last, d1..dk] (k+1 rows). Returns (n_accepted, next_token)."""
@@ -25,7 +27,7 @@ def verify(drafts: list[int], logits: np.ndarray, sampler, draft_probs: np.ndarr
     for i, d in enumerate(drafts):
         p = sampler.probs(logits[i])
         q = _draft_q(draft_probs, i, d, p.size)
-        if q[d] > 0 and sampler.rng.random() < min(1.0, p[d] / q[d]):
+        if sampler.rng.random() < min(1.0, p[d] / q[d]):
             continue
         residual = np.maximum(p - q, 0.0)
         if residual.sum() <= 0:  # p == q exactly: any draw from p is right
@@ -35,9 +37,18 @@ def verify(drafts: list[int], logits: np.ndarray, sampler, draft_probs: np.ndarr
 
 
 def _draft_q(draft_probs, i: int, d: int, n_vocab: int) -> np.ndarray:
-    if draft_probs is None:  # a deterministic draft: q is one-hot on the drafted token
-        q = np.zeros(n_vocab)
-        q[d] = 1.0
-        return q
-    q = np.asarray(draft_probs[i], np.float64)
-    return q / q.sum()
+    """The draft's q for position i over the target's vocabulary: its row normalised, zero past a
+    shorter row's end; one-hot on d for a deterministic draft, and for a token its own row gives
+    no mass (d cannot have been drawn from that row: a point mass on d is the reading that keeps
+    the output distributed as p whatever chose d; max(p - q, 0) there was not)."""
+    q = np.zeros(n_vocab)
+    if draft_probs is not None:
+        row = np.asarray(draft_probs[i], np.float64).reshape(-1)
+        if row.size > n_vocab:
+            raise VkdflashError(f"draft probabilities over {row.size} tokens, the target has {n_vocab}")
+        total = row.sum()
+        if d < row.size and row[d] > 0 and np.isfinite(total):
+            q[:row.size] = row / total
+            return q
+    q[d] = 1.0
+    return q
