@@ -317,6 +317,34 @@ def test_a_length_whose_kernels_must_compile_is_drafted_only_where_the_run_repay
     assert cheap.choose(20, lambda rows: 0.0) > 0  # nothing to compile: the choice is the rate's
 
 
+def test_kernels_outlive_the_request_so_a_compile_is_weighed_over_every_request_served():
+    """A server's short answers: each alone too short to repay a compile, together they do."""
+    def setup(rows):
+        return 0.0 if rows == 1 else 1.6
+
+    def answer(c, tokens: int = 64) -> list[int]:  # one request, its drafts accepted at 0.8
+        c.new_request()
+        r, room, chosen = np.random.default_rng(len(c.chosen)), tokens, []
+        while room > 0:
+            k = c.choose(room, setup, done=tokens - room)
+            accepted = 0
+            while accepted < k and r.random() < 0.8:
+                accepted += 1
+            c.update(k, k, accepted, CPU[min(CPU, key=lambda n: abs(n - k - 1))], 0.0)
+            chosen.append(k)
+            room -= 1 + accepted
+        return chosen
+
+    c = trained(CPU, 0.8)
+    c.new_request()
+    assert c.served > 200 and c.horizon(20, 10) == c.served + 10
+    fresh = DraftController(8, CPU)
+    assert fresh.horizon(20, 10) == 10 and fresh.horizon(20, 1500) == 20  # one request: no more than it has left
+    firsts = [answer(fresh) for _ in range(12)]
+    assert not any(firsts[0]), "one 64-token answer cannot repay a 1.6 s compile"
+    assert any(firsts[-1]), "twelve of them can, once their tokens count together"
+
+
 def test_plain_decodings_own_first_pass_is_no_reason_to_draft():
     """In a cold process nothing is compiled, the 1-row pass included; it is compiled whatever a
     step drafts, so a short run stays plain (a cold `generate --spec mtp -n 128` on lavapipe

@@ -14,6 +14,8 @@ accepted it tries a length of 2k + 1 it has not priced.
 A length whose first pass must compile kernels first (setup: lavapipe takes ~1.6 s for a new
 batch width, more than a 128-token run saves) counts its setup against the time to generate
 what is left, so a short run stays plain where a long one drafts; probes take a ready length.
+Compiled kernels outlive the request: once a speculator has served one, the tokens of every
+request so far count (`horizon`), so a process serving many short requests drafts in the end.
 
 Keeping a strategy's state (its commit: MTP runs its head over each committed token) costs every
 step whatever k, so T(k) includes that overhead (the median of recent commits: a first commit of
@@ -78,6 +80,7 @@ class DraftController:
         self.probing = False
         self.chosen: list[int] = []  # this request's k per step
         self.earlier = (0, 0)  # sum of k and steps of the requests before it (summary)
+        self.served = 0  # tokens the steps of the requests before it committed
         self.steps = 0  # this request's steps
         self.lasting = False  # whether the last stop_reason() is this device's verdict, not the request's
         self.overhead, self.overheads = 0.0, []  # seconds a step spends keeping the strategy's state, whatever k
@@ -88,6 +91,7 @@ class DraftController:
     def new_request(self) -> None:
         """Forget what the last request's text taught; keep what the device's costs did."""
         self.acceptance.reset()
+        self.served += self.steps + int(self.total[1])
         self.full, self.idle, self.wait, self.probing, self.steps = 0, 0, self.probe_every, False, 0
         self.total[:] = 0
         self.earlier = (self.earlier[0] + sum(self.chosen), self.earlier[1] + len(self.chosen))
@@ -220,7 +224,7 @@ class DraftController:
         and 138 tokens, and compiles bought at their start had made them 1.6-1.8x slower than
         plain decoding; weighed over the tokens so far, a compile is bought once the rent paid
         without it would have bought it, so a run that ends then pays at most twice the best)."""
-        horizon = room if done is None else max(1, min(room, done))
+        horizon = self.horizon(room, done)
         limit = min(self.k_max, room)
         if limit <= 0:
             return 0
@@ -254,6 +258,18 @@ class DraftController:
         self.idle = 0 if k else self.idle + 1
         self.chosen.append(k)
         return k
+
+    def horizon(self, room: int, done: int | None) -> int:
+        """Tokens a compile bought now is weighed over: the tokens left (`room`), or where the
+        request has generated `done`, no more than that (see choose). Kernels outlive the request,
+        so once the speculator has served one, the tokens of all requests so far, uncapped by this
+        one's room: a server's 64-token answers never drafted, each too short to repay a compile
+        alone (the same rent-or-buy rule over the process, as the prompt's width is chosen)."""
+        if done is None:
+            return room
+        if self.served:
+            return self.served + done
+        return max(1, min(room, done))
 
     def _may_pay(self, j: int, rate: float) -> bool:
         """Whether j drafts would beat `rate` were their pass to cost what the kernels guess (the

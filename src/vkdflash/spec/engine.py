@@ -199,7 +199,7 @@ class Speculator:
             if pos >= cache.n_ctx:
                 return
             if self._active and self.control.unmeasured and self.measure is not None and room > 0:
-                self._measure_if_it_pays(min(room, emitted))
+                self._measure_if_it_pays(self.control.horizon(room, emitted))
             max_n = self.control.choose(room, lambda rows: self._setup_seconds(rows, rows > 1, self.capture, greedy)
                                         + self._first_seconds, emitted) \
                 if self._active else 0
