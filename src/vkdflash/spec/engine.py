@@ -258,8 +258,8 @@ class Speculator:
         return seconds
 
     def _measure_if_it_pays(self, horizon: int) -> None:
-        """Measure the verify curve once `horizon` tokens (as many as the request has generated,
-        at most what is left) could repay it, as choose() weighs compiles."""
+        """Measure the verify curve once `horizon` tokens (DraftController.horizon: as many as
+        generated so far) could repay it, as choose() weighs compiles."""
         compile_seconds = sum(self._setup_seconds(n, True) for n in FIRST_ROWS) + self._first_seconds
         if self.control.measuring_pays(horizon, compile_seconds, measuring_passes()):
             t0 = time.perf_counter()
