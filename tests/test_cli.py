@@ -7,6 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from vkdflash.cli import main
+from vkdflash.model import load_model
+from vkdflash.tokenizer import Tokenizer
 
 
 def run(*args):
@@ -68,6 +70,20 @@ def test_generate_streams_text_and_stats(tmp_path):
     assert "generated" in res.output and "tok/s" in res.output
     bad = run("generate", "-m", str(path), "hi", "-ctk", "q3_k")
     assert bad.exit_code == 2 and "q3_k" in bad.output
+
+
+def test_control_tokens_written_in_a_raw_prompt_are_those_tokens(tmp_path):
+    """As llama-cli -p and llama-server's /completion tokenize a prompt: a hand-written chat turn
+    is the chat template's tokens, not the characters of its markers."""
+    from gguf_fixtures import SPECIALS, write_model
+    path = write_model(tmp_path / "m.gguf", "llama", n_embd=64, n_ff=128, n_head=2, n_head_kv=1, head_dim=32)
+    text = SPECIALS[1] + "user\nhi" + SPECIALS[2]
+    res = run("generate", "-m", str(path), text, "-n", "1", "--temp", "0", "-c", "64")
+    assert res.exit_code == 0, res.output
+    with load_model(str(path)) as mf:
+        tok = Tokenizer(mf.metadata)
+        parsed, plain = tok.encode(text, parse_special=True), tok.encode(text)
+    assert len(parsed) < len(plain) and f"prompt {len(parsed)} tok" in res.output
 
 
 def test_every_command_releases_the_device_it_opened(tmp_path, monkeypatch):

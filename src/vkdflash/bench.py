@@ -162,7 +162,7 @@ def spec(m, tokenizer, prompt: str | None, n_gen: int, make_speculator, reps: in
     from .generate import Stats, generate
     from .sampling import Sampler
     from .spec import SpecStats
-    ids = tokenizer.encode(prompt or SPEC_PROMPT, add_special=True)
+    ids = tokenizer.encode(prompt or SPEC_PROMPT, add_special=True, parse_special=True)
     if len(ids) >= m.cache.n_ctx:  # generate's words: the warm-up's passes would say "context full"
         raise VkdflashError(f"the prompt is {len(ids)} tokens, the context only {m.cache.n_ctx}: raise -c")
     greedy = temp <= 0

@@ -158,7 +158,8 @@ def conformance(device, pattern, json_path, quick) -> None:
 
 @main.command()
 @click.argument("prompt_arg", required=False, metavar="[PROMPT]", type=Utf8Text())
-@click.option("-p", "--prompt", default=None, type=Utf8Text(), help="Prompt text (or give it as the argument).")
+@click.option("-p", "--prompt", default=None, type=Utf8Text(), help="Prompt text (or give it as the argument); control tokens written in it "
+              "(<|im_start|>, ...) are those tokens, as in llama.cpp.")
 @click.option("-n", "--n-predict", default=128, show_default=True, type=click.IntRange(0, 1 << 20),
               help="Most tokens to generate.")
 @click.option("--temp", default=0.8, show_default=True, type=FiniteFloatRange(0.0), help="Temperature; 0 = greedy.")
@@ -190,7 +191,7 @@ def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, sto
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
             ids = chat_prompt_ids(tok, ChatTemplate.from_metadata(model.mf.metadata, tok, model.mf.gguf.path), messages)
         else:
-            ids = tok.encode(text, add_special=True)
+            ids = tok.encode(text, add_special=True, parse_special=True)  # as llama-cli -p
         if not ids:
             raise VkdflashError("the prompt encodes to no tokens")
         if len(ids) >= model.cache.n_ctx:

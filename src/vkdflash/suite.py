@@ -63,7 +63,7 @@ def prompt_ids(prompt: Prompt, tokenizer, template) -> list:
     from .chat import chat_prompt_ids
     if prompt.chat:
         return chat_prompt_ids(tokenizer, template, [{"role": "user", "content": prompt.text}])
-    return tokenizer.encode(prompt.text, add_special=True)
+    return tokenizer.encode(prompt.text, add_special=True, parse_special=True)
 
 
 def run(model, tokenizer, prompts, n_gen: int, sampler_for, speculator) -> dict:
