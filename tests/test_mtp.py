@@ -286,6 +286,30 @@ def test_greedy_mtp_from_sidecar_and_p_min(ctx0, trained, files):
     model.close()
 
 
+@pytest.mark.parametrize("p_min", [0.6, 0.9])
+def test_mtp_cuts_its_drafts_by_llama_cpps_p_min_rule(ctx0, trained, monkeypatch, p_min):
+    """--draft-p-min compares the top token's probability after top-k 10 (llama.cpp's draft
+    sampler, spec/drafts.py), as DFlash and the draft model do; the head used the full softmax."""
+    from vkdflash.spec.drafts import select_drafts
+    from vkdflash_mtp.gpu import HeadRunner
+    seen, orig = [], HeadRunner.draft
+
+    def spy(self, h, token, pos, m, p_min=0.0, temperature=0.0, rng=None):
+        drafts, probs = orig(self, h, token, pos, m, p_min, temperature, rng)
+        logits = self.d_logits.read(np.float32, self.s_logits // 4 * m).reshape(m, -1)[:, :self.n_vocab]
+        seen.append((list(drafts), select_drafts(np.argmax(logits, axis=1), logits, p_min)))
+        return drafts, probs
+
+    monkeypatch.setattr(HeadRunner, "draft", spy)
+    mf = trained["target"]
+    model, tok = Model(ctx0, mf, n_ctx=128), Tokenizer(mf.metadata)
+    spec = Speculator(model, "mtp", MTP, StrategyOptions(draft_max=3, p_min=p_min), SpecStats())
+    list(generate(model, tok, PROMPT, 30, Sampler(temp=0.0), (), Stats(), spec))
+    spec.close()
+    model.close()
+    assert seen and all(got == want for got, want in seen)
+
+
 def test_sampled_mtp_drafts_are_gumbel_max_draws(ctx0, trained, monkeypatch):
     """At T > 0 the head's chained drafts are argmax(logits + T * Gumbel noise) of each depth's
     own logits -- a draw from softmax(logits / T) -- and that q is handed to the verifier."""

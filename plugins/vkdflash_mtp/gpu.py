@@ -19,7 +19,7 @@ import numpy as np
 
 from vkdflash.api import (BlockBuffers, BlockShape, BlockWeights, DeviceStore, Graph, VkdflashError, Weight,
                           add, argmax, copy, dequantize, draft_distribution, get_rows, get_type, matmul, record_block,
-                          rms_norm, write_kv)
+                          rms_norm, select_drafts, write_kv)
 
 # committed positions per commit graph: the matmuls compile a kernel per batch-width family, and
 # flushes of held positions come in every width (lavapipe: 5 head kernels, ~0.6 s each, in a cold
@@ -188,9 +188,7 @@ class HeadRunner:
             return drafts, None
         rows = self.d_logits.read(np.float32, self.s_logits // 4 * m).reshape(m, -1)[:, :self.n_out]
         if p_min > 0:
-            x = rows.astype(np.float64) - rows.max(axis=1, keepdims=True)
-            low = np.flatnonzero(1.0 / np.exp(x).sum(axis=1) < p_min)  # softmax probability of the argmax
-            drafts = drafts[:low[0]] if low.size else drafts
+            drafts = select_drafts(drafts, rows, p_min)
         if not sampled:
             return drafts, None
         q = draft_distribution(rows[:len(drafts)], temperature)
