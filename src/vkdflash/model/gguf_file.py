@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf.quants import dequantize
 
 from ..errors import VkdflashError, quote
 from .metadata import Metadata
@@ -337,6 +338,15 @@ class ModelFile:
         hp = self.hparams
         check_tensors(self.gguf.tensors, expected_tensors(hp), nextn_tensors(hp, hp.n_layer, hp.n_nextn)[1],
                       f"a dense {hp.arch} model")
+        if hp.has_rope_freqs:
+            # each rotated pair turns at base^(-2i/d) / factor_i (llama.cpp, ggml_rope_ext): a factor that is
+            # not positive gives infinite or backwards angles (the ref's NaN, the kernel's refusal mid-run)
+            t = self.gguf.tensors["rope_freqs.weight"]
+            factors = dequantize(self.gguf.data(t.name), GGMLQuantizationType(t.type_id))
+            bad = factors[~(factors > 0)]
+            if bad.size:
+                raise VkdflashError(f"tensor rope_freqs.weight holds {float(bad[0]):g}: rope frequency factors "
+                                    "must be positive")
 
     @property
     def metadata(self) -> Metadata:

@@ -90,13 +90,11 @@ def read_hparams(m: Metadata, tensor_names) -> HParams:
         raise VkdflashError(f"value_length {v_dim} differs from key_length {head_dim}: not supported")
     n_rot = m.int(f"{arch}.rope.dimension_count", 1, MAX_HEAD_DIM, default=head_dim)
     if n_rot != head_dim:
-        raise VkdflashError(f"partial rotary embedding (rope.dimension_count {n_rot} < head dim {head_dim}) "
-                            "is not supported")
+        raise VkdflashError(f"{arch}.rope.dimension_count {n_rot} differs from the head dimension {head_dim}: "
+                            "partial rotary embedding is not supported")
     if m.int(f"{arch}.expert_count", 0, 1 << 20, default=0):
         raise VkdflashError(f"mixture-of-experts models ({arch}.expert_count) are not supported")
-    scaling = m.str(f"{arch}.rope.scaling.type", default="none")
-    if scaling != "none":
-        raise VkdflashError(f"rope scaling {quote(scaling)} is not supported")
+    check_rope_scaling(m, arch)
     tokens = m.strings("tokenizer.ggml.tokens", MAX_VOCAB, default=None)
     n_vocab = m.int(f"{arch}.vocab_size", 1, MAX_VOCAB, default=REQUIRED if tokens is None else len(tokens))
     names = set(tensor_names)
@@ -108,6 +106,27 @@ def read_hparams(m: Metadata, tensor_names) -> HParams:
         tied_output="output.weight" not in names, has_qkv_bias="blk.0.attn_q.bias" in names,
         has_qk_norm=arch == "qwen3", has_rope_freqs="rope_freqs.weight" in names,
         n_nextn=n_nextn, nextn_hidden=nextn_hidden(m, arch))
+
+
+def check_rope_scaling(m: Metadata, arch: str) -> None:
+    """Refuse the rope scaling keys that would change the angles, read as llama.cpp's load_hparams and
+    llama_context read them: the type defaults to "linear" (absent is not "none"); under "linear" the
+    angles are multiplied by 1 / rope.scaling.factor (else the old key rope.scale_linear; 0 means 1);
+    "none" ignores the factor; and every type multiplies cos and sin by rope.scaling.attn_factor.
+    The kernels turn by base^(-2i/d) / rope_freqs only, so each of those must be a no-op here."""
+    scaling = m.str(f"{arch}.rope.scaling.type", default="linear")
+    if scaling not in ("none", "linear"):
+        raise VkdflashError(f"rope scaling {quote(scaling)} ({arch}.rope.scaling.type) is not supported")
+    if scaling == "linear":
+        key = next((k for k in (f"{arch}.rope.scaling.factor", f"{arch}.rope.scale_linear") if k in m), None)
+        factor = 0.0 if key is None else m.float(key, 0.0, 1e6)
+        if factor not in (0.0, 1.0):
+            raise VkdflashError(f"{key} = {factor:g}: linear rope scaling (positions divided by the factor) "
+                                "is not supported")
+    attn_factor = m.float(f"{arch}.rope.scaling.attn_factor", 0.0, 1e6, default=1.0)
+    if attn_factor != 1.0:
+        raise VkdflashError(f"{arch}.rope.scaling.attn_factor = {attn_factor:g}: scaled rope (cos and sin times "
+                            "the factor) is not supported")
 
 
 def check_output_rows(hp: HParams, m: Metadata) -> None:
