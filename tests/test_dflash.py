@@ -97,6 +97,8 @@ REJECT = {
     "no mask id": (dict(metadata={"tokenizer.ggml.mask_token_id": DROP}),
                    "missing metadata key tokenizer.ggml.mask_token_id"),
     "no block_count": (dict(metadata={"dflash.block_count": DROP}), "missing metadata key dflash.block_count"),
+    "rope scaling": (dict(metadata={"dflash.rope.scaling.factor": (4.0, VT.FLOAT32)}),
+                     "dflash.rope.scaling.factor = 4: linear rope scaling"),
     "no eps": (dict(metadata={"dflash.attention.layer_norm_rms_epsilon": DROP}),
                "missing metadata key dflash.attention.layer_norm_rms_epsilon"),
     "architecture": (dict(metadata={"general.architecture": ("llama", VT.STRING)}), "a DFlash draft has 'dflash'"),

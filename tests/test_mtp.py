@@ -125,7 +125,8 @@ def test_malformed_target_heads_are_one_line_errors(tmp_path, knobs, words):
     (dict(drop=["blk.2.nextn.hnorm.weight"]), "missing tensor blk.2.nextn.hnorm.weight"),
     (dict(shapes={"blk.2.ffn_up.weight": (128, 64)}), "ffn_up.weight has shape"),
     (dict(extra={"token_embd.weight": (128, 277)}), "unexpected tensor 'token_embd.weight'"),
-], ids=["arch", "target-arch", "width", "block-count", "no-count", "hidden", "no-hnorm", "shape", "extra"])
+    (dict(metadata={"mtp.rope.scaling.attn_factor": (0.5, VT.FLOAT32)}), "mtp.rope.scaling.attn_factor = 0.5"),
+], ids=["arch", "target-arch", "width", "block-count", "no-count", "hidden", "no-hnorm", "shape", "extra", "rope"])
 def test_malformed_sidecars_are_one_line_errors(files, tmp_path, knobs, words):
     target = load_model(files["plain"]).hparams
     assert words in failure(M.write_sidecar(tmp_path / "bad.gguf", **knobs), True, target)

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from vkdflash.api import (MAX_EMBD, MAX_LAYERS, MAX_VOCAB, RMS_EPS, ROPE_BASE, GGUFFile, TensorData, VkdflashError,
-                          check_tensors, quote, read_heads)
+                          check_rope_scaling, check_tensors, quote, read_heads)
 
 ARCH = "dflash"
 DEFAULT_BLOCK_SIZE = 16
@@ -53,6 +53,7 @@ def read_hparams(gguf: GGUFFile) -> DFlashHParams:
     target_layers = m.ints(f"{ARCH}.target_layers", 0, MAX_LAYERS, max_count=MAX_LAYERS)
     if not len(target_layers):
         raise VkdflashError(f"metadata {ARCH}.target_layers is empty")
+    check_rope_scaling(m, ARCH)  # the kernels turn by base^(-2i/d) alone
     block_size = m.int(f"{ARCH}.block_size", 2, MAX_BLOCK_SIZE, default=DEFAULT_BLOCK_SIZE)
     names = gguf.tensors
     return DFlashHParams(

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from vkdflash.api import MAX_HEAD_DIM as ATTN_MAX_HEAD_DIM
 from vkdflash.api import (ARCHITECTURES, MAX_EMBD, MAX_LAYERS, MAX_VOCAB, RMS_EPS, ROPE_BASE, GGUFFile, ModelFile,
-                          TensorData, VkdflashError, check_tensors, nextn_hidden, nextn_tensors, quote, read_heads,
-                          shipped_draft)
+                          TensorData, VkdflashError, check_rope_scaling, check_tensors, nextn_hidden, nextn_tensors,
+                          quote, read_heads, shipped_draft)
 
 log = logging.getLogger("vkdflash")
 SIDECAR_ARCH = "mtp"
@@ -153,6 +153,7 @@ def _sidecar_hparams(gf: GGUFFile, target_hp):
         raise VkdflashError(f"{a}.block_count {n_block} - {count} heads = {n_block - count} trunk blocks, "
                             f"the target has {target_hp.n_layer}")
     n_head, n_head_kv, head_dim = read_heads(m, a, n_embd, min_head_dim=2)
+    check_rope_scaling(m, a)  # the head turns by base^(-2i/d) alone
     hp = dataclasses.replace(
         target_hp, n_layer=target_hp.n_layer, n_ff=m.int(f"{a}.feed_forward_length", 1, 16 * MAX_EMBD),
         n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,

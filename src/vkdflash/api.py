@@ -23,8 +23,8 @@ from .kernels.weights import Weight
 from .kv_cache import CacheInfo
 from .model.block import BlockBuffers, BlockShape, BlockWeights, project, record_block, write_kv
 from .model.gguf_file import GGUFFile, ModelFile, TensorData, check_tensors, load_model, nextn_tensors
-from .model.hparams import (ARCHITECTURES, MAX_EMBD, MAX_LAYERS, MAX_VOCAB, RMS_EPS, ROPE_BASE, HParams, nextn_hidden,
-                            read_heads)
+from .model.hparams import (ARCHITECTURES, MAX_EMBD, MAX_LAYERS, MAX_VOCAB, RMS_EPS, ROPE_BASE, HParams,
+                            check_rope_scaling, nextn_hidden, read_heads)
 from .model.metadata import Metadata
 from .model.store import DeviceStore
 from .runtime.graph import Graph
@@ -49,7 +49,7 @@ __all__ = [
     "BlockShape", "BlockWeights", "BlockBuffers", "record_block", "write_kv", "project",
     # GGUF files and their tensors
     "GGUFFile", "ModelFile", "load_model", "TensorData", "check_tensors", "nextn_tensors", "HParams",
-    "Metadata", "read_heads", "nextn_hidden", "ARCHITECTURES", "MAX_EMBD", "MAX_LAYERS", "MAX_VOCAB",
+    "Metadata", "read_heads", "check_rope_scaling", "nextn_hidden", "ARCHITECTURES", "MAX_EMBD", "MAX_LAYERS", "MAX_VOCAB",
     "RMS_EPS", "ROPE_BASE", "quote",
     "TensorType", "get_type", "CACHE_TYPES", "quantize", "dequantize",
 ]
