@@ -15,13 +15,14 @@ import logging
 import os
 import reprlib
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import plugins
 from .errors import VkdflashError, quote
-from .kernels.attention import MAX_HEAD_DIM, attention, cache_nbytes
+from .kernels.attention import MAX_HEAD_DIM, attention, cache_nbytes, max_positions
 from .kernels.hadamard import fwht, rotation_block
 from .kernels.kv_store import store_rows
 from .kernels.types import CACHE_TYPES, get_type
@@ -105,11 +106,17 @@ def _check_shape(ctx, name: str, n_layer, n_ctx, n_head_kv, head_dim, ctk: str, 
             raise VkdflashError(f"{t} is not a KV cache type for {half}; choose one of {', '.join(CACHE_TYPES)}")
         if get_type(t).quantized and head_dim % 32:
             raise VkdflashError(f"a quantized {half} cache needs head_dim divisible by 32, got {head_dim}")
+    if head_dim % 32:  # any type: attention and the store work in 32-value blocks (refused here, not at first use)
+        raise VkdflashError(f"the {name} KV cache's head_dim must be a multiple of 32, not {head_dim}")
     too_big = past_storage_range(ctx, n_ctx, n_head_kv, head_dim, ctk, ctv)
     if too_big:
         half, need, limit = too_big
         raise VkdflashError(f"the {name} KV cache needs {need} bytes a layer for {half}, more than the "
                             f"device's storage range of {limit} bytes")
+    most = max_positions(ctx.features)
+    if most is not None and n_ctx > most:
+        raise VkdflashError(f"the {name} KV cache's n_ctx {n_ctx} is more than attention can read on this "
+                            f"device: at most {most} positions (lavapipe's shader loop limit)")
 
 
 def past_storage_range(ctx, n_ctx: int, n_head_kv: int, head_dim: int, ctk: str, ctv: str) -> tuple | None:
@@ -121,6 +128,26 @@ def past_storage_range(ctx, n_ctx: int, n_head_kv: int, head_dim: int, ctk: str,
         if need > limit:
             return half, need, limit
     return None
+
+
+@contextmanager
+def _observed_only(views: dict):
+    """The buffers behind `views` read only while kv_cache_write wrappers run. The sealed graph
+    keeps a wrapper from recording into the write's graph; this keeps it from changing the rows
+    (or positions) it observes some other way, a graph of its own run at once or a host write,
+    before they are stored: rows a wrapper had rotated were stored rotated twice, that is
+    unrotated, and read with a rotated Q (llama.cpp issue 25725 through a hook)."""
+    marked = []
+    try:
+        for name, view in views.items():
+            buf = as_view(view).buffer
+            if not buf.read_only:
+                buf.read_only = f"the {name} a kv_cache_write wrapper observes"
+                marked.append(buf)
+        yield
+    finally:
+        for buf in marked:
+            buf.read_only = None
 
 
 class KVCache:
@@ -165,12 +192,14 @@ class KVCache:
     def record_write(self, graph, layer: int, k_rows, v_rows, positions, n_rows: int) -> None:
         """Record a write of n_rows K and V rows (f32 [n_rows, n_head_kv*head_dim], RoPE already
         applied to K) at the uint32 cache positions in `positions`. Plugin wrappers of the hook
-        observe it; the store is recorded whatever they do, and the rows are only read."""
+        observe it (the rows and positions are read only while they run); the store is recorded
+        whatever they do, and the rows are only read."""
         if not 0 <= layer < self.n_layer:
             raise VkdflashError(f"{self.name} cache has layers 0..{self.n_layer - 1}, not {layer}")
         hook_args = dict(cache=self.info, graph=graph, layer=layer, k_rows=k_rows, v_rows=v_rows,
                          positions=positions, n_rows=n_rows)
-        with graph.sealed("kv_cache_write wrappers run (they observe a write, they cannot record one)"):
+        with graph.sealed("kv_cache_write wrappers run (they observe a write, they cannot record one)"), \
+                _observed_only({"K rows": k_rows, "V rows": v_rows, "positions": positions}):
             plugins.wrap("kv_cache_write", hook_args, lambda: self._store(graph, layer, k_rows, v_rows, positions, n_rows))
         info = self.info  # what the graph keeps for the observers: a description, no buffers
         graph.after_run(lambda: _written(info, layer, positions, n_rows))
@@ -201,9 +230,10 @@ class KVCache:
 
     def truncate(self, n: int) -> None:
         """Forget positions >= n (speculation rolls back rejected drafts this way)."""
-        if not 0 <= n <= self.n_ctx:
-            raise VkdflashError(f"cannot truncate the {self.name} cache to {n}: it has {self.n_ctx} positions")
-        self.n_past = min(self.n_past, n)
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= self.n_ctx:
+            raise VkdflashError(f"cannot truncate the {self.name} cache to {reprlib.repr(n)}: it has "
+                                f"{self.n_ctx} positions")
+        self.n_past = min(self.n_past, int(n))
 
     def destroy(self) -> None:
         _caches.pop(self.info.key, None)

@@ -24,6 +24,19 @@ ROW_BUDGET = 384  # (query, head) rows x head_dim per workgroup: registers, shar
 # query rows at context 64 took 195 -> 171 us, 64 rows 701 -> 597 (iq4_nl cache: 755 -> 444)
 MASKS = {"causal": 0, "block": 1}
 MAX_GROUPS = 65535  # the smallest maxComputeWorkGroupCount Vulkan allows
+# lavapipe stops a shader invocation after 65535 loop iterations in total (kernels/copy.py), and
+# then silently: a lane walks every LANES-th visible position, one iteration each, and spends
+# the rest on rotating Q (one 256-value FWHT: about 1600) and merging the lanes (a few hundred).
+# Past the limit the walk stops early: at 600000 positions the output missed the last rows
+# (NMSE 1.0); at 520000 with a rotated hd-256 K as well.
+MAX_ITERATIONS = 65535
+LOOP_RESERVE = 4096
+
+
+def max_positions(features) -> int | None:
+    """The most cache positions attention can read on this device, or None for no limit (CPU
+    devices: lavapipe's loop limit; verified at this bound with a q4_0 hd-256 cache)."""
+    return (MAX_ITERATIONS - LOOP_RESERVE) * LANES if features.device_type == "cpu" else None
 
 
 def cache_nbytes(cache_type, n_ctx: int, n_head_kv: int, head_dim: int) -> int:
@@ -63,6 +76,10 @@ def attention(graph, q_view, k_view, v_view, out_view, params_view, n_q: int, n_
     n_ctx = min(k_view.size // k_row, v_view.size // v_row)
     if n_ctx == 0:
         raise VkdflashError(f"attention cache bindings hold no full row ({k_row} / {v_row} bytes)")
+    most = max_positions(graph.ctx.features)
+    if most is not None and n_ctx > most:
+        raise VkdflashError(f"attention reads at most {most} cache positions on this device (its loop "
+                            f"limit), and the bindings hold {n_ctx}")
     k_view, v_view = _padded(graph.ctx, k_view, "K"), _padded(graph.ctx, v_view, "V")
     if params_view.size < 4:
         raise VkdflashError("attention params buffer must hold a uint32 first_pos")
