@@ -203,3 +203,22 @@ def test_no_dispatch_stores_into_read_only_memory(ctx0):
         g.run()
     g.destroy()
     assert weight.read(np.float32).tolist() == list(range(16))
+
+
+def test_a_seal_inside_a_seal_leaves_the_outer_one_sealed(ctx0):
+    """A cache write inside a kv_cache_write wrapper seals and unseals the graph within the outer
+    seal: the wrappers after it must still be unable to record."""
+    a, b = ctx0.buffer(64), ctx0.buffer(64)
+    g = Graph(ctx0)
+    try:
+        with g.sealed("wrappers run"):
+            with g.sealed("a nested write's wrappers run"):
+                pass
+            with pytest.raises(VkdflashError, match="while wrappers run"):
+                copy(g, a, b, 64)
+        copy(g, a, b, 64)  # unsealed once the outermost ends
+        assert len(g) == 1
+    finally:
+        g.destroy()
+        a.destroy()
+        b.destroy()

@@ -75,21 +75,24 @@ class Graph:
 
     @contextmanager
     def on_behalf_of(self, owner):
-        """Dispatches recorded inside may bind `owner`'s memory (the owner's own code only)."""
-        self._acting = owner
+        """Dispatches recorded inside may bind `owner`'s memory (the owner's own code only);
+        re-entrant, as a sealed() or on_behalf_of() inside restores what it found."""
+        before, self._acting = self._acting, owner
         try:
             yield
         finally:
-            self._acting = None
+            self._acting = before
 
     @contextmanager
     def sealed(self, why: str):
-        """No dispatch may be recorded inside (except on behalf of an owner): `why` says why."""
-        self._sealed = why
+        """No dispatch may be recorded inside (except on behalf of an owner): `why` says why. A
+        cache write inside (a kv_cache_write wrapper storing into a cache of its own) once ended
+        the seal for every wrapper after it: what was sealed stays sealed."""
+        before, self._sealed = self._sealed, why
         try:
             yield
         finally:
-            self._sealed = None
+            self._sealed = before
 
     def after_run(self, fn) -> None:
         """Call fn() after every run of this graph, once the GPU has finished it."""
