@@ -17,25 +17,10 @@ what is left, so a short run stays plain where a long one drafts; probes take a 
 Compiled kernels outlive the request: once a speculator has served one, the tokens of every
 request so far count (`horizon`), so a process serving many short requests drafts in the end.
 
-Keeping a strategy's state (its commit: MTP runs its head over each committed token) costs every
-step whatever k, so T(k) includes that overhead (the median of recent commits: a first commit of
-a shape compiles); once the evidence (STOP_STEPS timed steps; where its drafts' cost decides,
-SHAPE_PASSES timed proposals) says the best k with the strategy is below STOP_RATIO of plain
-decoding without it, or the best is k = 0 while its upkeep is more than UPKEEP_SHARE of a step,
-or none of its drafts was accepted where a draft as good as its a_1 prior would have had one
-accepted (acceptance.STOP_CHANCE: the shipped MTP head, a_1 0.35, had none of its first 5 accepted on bench
-spec's prompt and was switched off at 4), or the best is k = 0 and not even the a_1 it expects
-would bring a length to STOP_RATIO of plain decoding, `stop_reason()` says why and the engine
-switches the strategy off: k = 0 alone cannot stop a strategy's upkeep (the target's captures,
-commits where a strategy writes each step), and its probes cost too (the shipped DFlash draft on
-lavapipe, a_1 ~0.25, left on at k 0 with a probe now and then: 0.91x plain over 9 alternations,
-0.94x once its commits waited for its proposals; switched off: 0.97-1.00x).
-
-A stop is `lasting` (the engine drops the strategy for the speculator's life) only where no
-length would pay even at the a_1 the draft expects (its record, else the guess): then it is this
-device's verdict, which a server's next request would reach again. Otherwise it rests on this
-request's text, and `new_request` gives the next request a fresh view of acceptance, probes and
-the stop rules' evidence; what was learned of the device (pass and draft prices, upkeep) stays.
+Keeping a strategy's state costs every step whatever k, so T(k) includes that overhead, and
+when the evidence says the strategy does not pay here, `stop_reason()` says why (verdict.py).
+A shadow step (shadow.py) proposes drafts it does not verify, to learn acceptance where compiles
+hold the choice at k = 0.
 
 k = 0 is plain decoding; while the choice stays 0 it drafts a little anyway every `probe_every`
 steps, so the estimates can recover when the text becomes predictable; a probe that gets
@@ -49,12 +34,11 @@ from statistics import median
 import numpy as np
 
 from .acceptance import Acceptance
-from .costs import SHAPE_PASSES, DraftCosts, VerifyCosts
+from .costs import DraftCosts, VerifyCosts
+from .shadow import Shadow
+from .verdict import STOP_RATIO, STOP_STEPS, at_record, verdict
 
 MAX_PROBE_WAIT = 128
-STOP_STEPS = 16    # timed steps before judging whether the strategy pays
-STOP_RATIO = 0.97  # below this share of plain decoding's rate, it does not
-UPKEEP_SHARE = 0.01  # ... nor when no k pays and keeping its state costs more than this share of a step
 UNTIMED = "no 1-row pass was timed before the run ended"  # why a run with no cached curve measured none
 
 
@@ -86,12 +70,14 @@ class DraftController:
         self.overhead, self.overheads = 0.0, []  # seconds a step spends keeping the strategy's state, whatever k
         self.total = np.zeros(2, int)  # drafted, accepted in this request
         self.held = 0  # steps that drafted less than the rate asked: the run would not repay a compile
+        self.shadows, self.shadow = Shadow(), 0  # drafts proposed and not verified (shadow.py); this step's
 
     # -- the model -----------------------------------------------------------------
     def new_request(self) -> None:
         """Forget what the last request's text taught; keep what the device's costs did."""
         self.acceptance.reset()
         self.served += self.steps + int(self.total[1])
+        self.shadows.new_request()
         self.full, self.idle, self.wait, self.probing, self.steps = 0, 0, self.probe_every, False, 0
         self.total[:] = 0
         self.earlier = (self.earlier[0] + sum(self.chosen), self.earlier[1] + len(self.chosen))
@@ -159,54 +145,10 @@ class DraftController:
     def stop_reason(self) -> str | None:
         """Why the strategy should be switched off (it costs more than it saves), or None while it
         pays or the evidence is thin (never when fixed); sets `lasting`."""
-        reason = self._verdict()
+        reason = verdict(self)
         if reason:  # the device's verdict where drafts as good as it expects would not pay either
-            self.lasting = max(self._at_record()[1:], default=0.0) < STOP_RATIO * self.plain_rate()
+            self.lasting = max(at_record(self)[1:], default=0.0) < STOP_RATIO * self.plain_rate()
         return reason
-
-    def _at_record(self) -> list[float]:
-        """Rates with k = 0..k_max at the acceptance the draft expects (no evidence: its record's
-        a_1, else the guess) and steady pass prices."""
-        return self.rates(self.k_max, np.zeros_like(self.acceptance.run_counts), self.costs.steady)
-
-    def _verdict(self) -> str | None:
-        # timed steps of the speculator (pass prices) and of this request (its acceptance)
-        scaled = min(self.costs.scaled, self.steps)
-        if self.fixed or self.unmeasured or scaled < STOP_STEPS:
-            return None
-        if self.total[0] >= self.acceptance.stop_drafts() and not self.total[1]:
-            # its upkeep (captures, commits) is then pure cost, and hidden in the live curve
-            return (f"none of its {self.total[0]} drafts was accepted in {self.steps} steps; --draft-fixed "
-                    "keeps it on")
-        if self.drafts.timings() < SHAPE_PASSES:
-            # its rate rests on what a draft costs: one timing is noise (the shipped MTP head's
-            # first timed draft, 8.3 ms where they take ~3, switched it off after a mid-run
-            # measurement at a 1000-token request's 261st token, where k 1 pays 1.15x plain)
-            return None
-        # judged on the whole run's acceptance (the decayed one follows the text, and one unlucky
-        # stretch would switch off a strategy that pays) and on steady pass prices (a slow spell's
-        # would: choose() idles through it at the live ones)
-        steady = self.costs.steady
-        run_counts = self.acceptance.run_counts
-        rates = self.rates(self.k_max, run_counts, steady)
-        k = _argmax(rates)
-        best, plain, a_1 = rates[k], self.plain_rate(), self.acceptance.estimate(run_counts)[0]
-        if k == 0 and self.overhead > UPKEEP_SHARE * self.c_verify(1):
-            return (f"it costs more than it saves here: no draft length pays (a_1 {a_1:.2f}) and it "
-                    f"spends {1000 * self.overhead:.0f} ms keeping its state a step; --draft-fixed keeps it on")
-        # idling still costs its captures and probes: off where not even the a_1 on the draft's
-        # record would make a length pay by the margin below (the shipped DFlash draft on
-        # lavapipe); inside it, a few noisy timings decide (the shipped MTP head, 1.16x plain at
-        # k 1, was switched off in 1 of 5 runs when 4 drafts' timings put k 1 at 0.98x)
-        if k == 0 and max(self._at_record()[1:], default=0.0) < STOP_RATIO * plain:
-            return (f"it costs more than it saves here: no draft length pays at the a_1 it expects "
-                    f"({self.acceptance.first_prior:.2f}) nor at the {a_1:.2f} it had; --draft-fixed keeps it on")
-        if best >= STOP_RATIO * plain:
-            return None
-        return (f"it costs more than it saves here: at best {best:.1f} tok/s with it (k {k}, a_1 "
-                f"{a_1:.2f}, {1000 * self.c_draft(max(k, 1)):.0f} ms drafting and "
-                f"{1000 * self.overhead:.0f} ms keeping its state a step) against {plain:.1f} tok/s without; "
-                "--draft-fixed keeps it on")
 
     def note_overhead(self, seconds: float) -> None:
         """Seconds the last step spent keeping the strategy's state (its commit); the median of
@@ -226,6 +168,7 @@ class DraftController:
         without it would have bought it, so a run that ends then pays at most twice the best)."""
         horizon = self.horizon(room, done)
         limit = min(self.k_max, room)
+        self.shadow = 0
         if limit <= 0:
             return 0
         if self.fixed:
@@ -255,6 +198,8 @@ class DraftController:
                 at_record = self.rates(limit, np.zeros_like(self.acceptance.counts))
                 k = max(cheap, key=lambda j: (at_record[j], -j)) if cheap else 0
                 self.probing = k > 0
+            if not k:  # what plain decoding commits next says how its drafts would have done
+                self.shadow = self.shadows.length(self, limit, horizon, setup)
         self.idle = 0 if k else self.idle + 1
         self.chosen.append(k)
         return k
@@ -270,6 +215,18 @@ class DraftController:
         if self.served:
             return self.served + done
         return max(1, min(room, done))
+
+    def shadowed(self, drafts, seconds: float, typical: bool) -> None:
+        """This step's shadow drafts (proposed in `seconds`; typical: not a first proposal of its shape)."""
+        self.shadows.proposed(drafts, seconds)
+        if typical:
+            self.drafts.learn(self.shadow, seconds)
+
+    def committed(self, tokens) -> None:
+        """Tokens a step committed, in order: a pending shadow's drafts are judged against them."""
+        decided = self.shadows.see(tokens)
+        if decided:
+            self.acceptance.learn(*decided)
 
     def _may_pay(self, j: int, rate: float) -> bool:
         """Whether j drafts would beat `rate` were their pass to cost what the kernels guess (the
@@ -310,7 +267,7 @@ class DraftController:
         k = int(round(mean_k))
         priced = not (self.fixed or self.unmeasured)
         return {"mode": "fixed" if self.fixed else "cost-aware", "mean_k": mean_k, "steps": steps,
-                "held_for_setup": self.held,
+                "held_for_setup": self.held, "shadow": list(self.shadows.counts),
                 "unmeasured": self.unmeasured, "record_dropped": self.acceptance.disowned,
                 "expected_tps": self.expected_rate(k) if priced else None,
                 "plain_tps": self.plain_rate() if priced else None,

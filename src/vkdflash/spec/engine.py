@@ -203,13 +203,24 @@ class Speculator:
             max_n = self.control.choose(room, lambda rows: self._setup_seconds(rows, rows > 1, self.capture, greedy)
                                         + self._first_seconds, emitted) \
                 if self._active else 0
+            ask = max_n or (self.control.shadow if self._active else 0)  # a shadow: proposed, not verified
             t0, kernels = time.perf_counter(), len(model.ctx.pipelines)
-            prop = self._propose(last, max_n) if max_n > 0 else Proposal([])
+            prop = self._propose(last, ask) if ask > 0 else Proposal([])
             t1, compiled = time.perf_counter(), len(model.ctx.pipelines) > kernels
-            if max_n > 0 and not self._proposed:
+            if ask > 0 and not self._proposed:
                 self._proposed, self._first_seconds = True, 0.0
                 if self.costs:
                     self.costs.proposed(t1 - t0)
+            # a first pass records a graph and compiles kernels (a 3-row verify once took 1.8 s,
+            # 40 ms after): not a cost to learn; nor a strategy's first proposals of a shape
+            # (COLD_PROPOSALS), or one that compiled (MTP writing held positions in a pass of a
+            # new width: 0.66 s for k 1)
+            shape = (ask, len(prop.tokens))
+            seen = self._seen[shape] = self._seen.get(shape, 0) + 1
+            typical = seen > COLD_PROPOSALS and not compiled
+            if ask > max_n:
+                self.control.shadowed(prop.tokens, t1 - t0, typical)
+                prop = Proposal([])
             capture = self.capture if self._active else ()  # a switched-off strategy reads none
             rows = 1 + len(prop.tokens)  # one row: plain decoding's own pass (measured 2-3% faster)
             warm = model.recorded(rows, rows > 1, capture, greedy)
@@ -221,15 +232,9 @@ class Speculator:
             cache.truncate(pos + 1 + n)
             self.stats.record(len(prop.tokens), n)
             self.watchdog.watch(self.expected if self._active else None, self.stats, self.ctx)
-            # a first pass records a graph and compiles kernels (a 3-row verify once took 1.8 s,
-            # 40 ms after): not a cost to learn; nor a strategy's first proposals of a shape
-            # (COLD_PROPOSALS), or one that compiled (MTP writing held positions in a pass of a
-            # new width: 0.66 s for k 1)
-            shape = (max_n, len(prop.tokens))
-            seen = self._seen[shape] = self._seen.get(shape, 0) + 1
             disowned = self.control.acceptance.disowned
-            self.control.update(max_n, len(prop.tokens), n, t2 - t1 if warm else None,
-                                t1 - t0 if seen > COLD_PROPOSALS and not compiled else None)
+            self.control.update(max_n, len(prop.tokens), n, t2 - t1 if warm else None, t1 - t0 if typical else None)
+            self.control.committed(prop.tokens[:n] + [nxt])
             if self.control.acceptance.disowned != disowned:
                 log.info("%s: %s", self.stats.strategy, self.control.acceptance.disowned)
             log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), max_n, n)

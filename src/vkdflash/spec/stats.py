@@ -69,6 +69,9 @@ class SpecStats:
                 text += (f", {d['held_for_setup']} steps drafted less than the rate asked: the kernels of a "
                          "longer verify (or of the strategy's first proposal) would take longer to compile than "
                          "as many tokens as were generated would save")
+            shadow = d.get("shadow") or (0, 0)
+            if shadow[0]:
+                text += f"; {shadow[0]} drafts proposed unverified, {shadow[1]} matched what decoding then chose"
             if not self.drafted and d["mode"] == "cost-aware":
                 text += " (--draft-fixed drafts whatever it costs)"
         return text + (f"; switched off: {self.disabled}" if self.disabled else "")
