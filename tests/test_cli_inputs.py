@@ -149,6 +149,22 @@ def test_a_context_past_the_storage_range_names_c(tmp_path):
     assert "-c 1048576 needs a K cache of 256 MiB per layer" in lines[0] and "lower -c" in lines[0]
 
 
+def test_a_context_past_what_attention_can_read_names_c(tmp_path, ctx0):
+    """A q4_0 cache fits the storage range at 600000 positions, but a lavapipe lane stops after
+    65535 loop iterations: refused before the weights upload, in the words of -c."""
+    from gguf_fixtures import write_model
+    from vkdflash.kernels.attention import max_positions
+    most = max_positions(ctx0.features)
+    if most is None:
+        pytest.skip("this device's attention has no position limit")
+    path = write_model(tmp_path / "m.gguf", "llama", n_embd=128, n_ff=256, n_head=2, n_head_kv=2, head_dim=64)
+    res = CliRunner().invoke(main, ["generate", "-m", str(path), "hi", "-n", "1", "-c", str(most + 1),
+                                    "-ctk", "q4_0", "-ctv", "q4_0"])
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 1 and len(lines) == 1, res.output
+    assert f"-c {most + 1}: attention reads at most {most} positions" in lines[0] and "lower -c" in lines[0]
+
+
 def test_a_full_output_is_one_line_not_a_traceback(tmp_path):
     """`generate > /dev/full`: the disk's words, once, and no second complaint as stdout closes."""
     from gguf_fixtures import write_model

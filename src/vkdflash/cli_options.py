@@ -117,9 +117,14 @@ def open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device):
 def check_cache_fits(ctx, hp, n_ctx: int, ctk: str, ctv: str) -> None:
     """The cache's own check (kv_cache.past_storage_range) before the weights upload, in the words
     of the flag that sets it."""
+    from .kernels.attention import max_positions
     from .kv_cache import past_storage_range
     too_big = past_storage_range(ctx, n_ctx, hp.n_head_kv, hp.head_dim, ctk, ctv)
     if too_big:
         half, need, limit = too_big
         raise VkdflashError(f"-c {n_ctx} needs a {half} cache of {need >> 20} MiB per layer, more than the "
                             f"device's storage range {limit >> 20} MiB allows: lower -c")
+    most = max_positions(ctx.features)
+    if most is not None and n_ctx > most:
+        raise VkdflashError(f"-c {n_ctx}: attention reads at most {most} positions on this device (lavapipe's "
+                            "shader loop limit): lower -c")
