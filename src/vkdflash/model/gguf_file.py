@@ -309,6 +309,9 @@ def check_tensors(tensors: dict, required: dict, optional: dict, what: str) -> N
         if t.type_id not in allowed:
             names = ", ".join(GGMLQuantizationType(i).name for i in sorted(allowed))
             raise VkdflashError(f"tensor {name} has type {t.type_name}, not supported here ({names})")
+        if len(shape) == 2 and shape[0] % 32:  # f16/f32 rows may be any length; the kernels read 32-value blocks
+            raise VkdflashError(f"tensor {name} has rows of {shape[0]} values: vkdflash's matrix kernels need a "
+                                "multiple of 32")
     for name in tensors:
         if name not in required and name not in optional:
             raise VkdflashError(f"unexpected tensor {quote(name)} (not part of {what})")
