@@ -7,8 +7,10 @@ Per step, with `last` the newest token (sampled, not yet in the target cache, at
   n, next       <- verify(drafts, logits)                (greedy or speculative sampling)
   target cache truncated to P+1+n; the strategy is told which positions were committed.
 Batch invariance makes the verify pass's logits bit-identical to one-token decoding, so greedy
-output is identical to --spec none. A strategy that raises or proposes invalid tokens is
-switched off for good with a one-line warning (_disable); generation goes on.
+output is identical to --spec none. A step the controller keeps plain may still ask for drafts
+and leave them unverified, to learn their acceptance (shadow.py). A strategy that raises or
+proposes invalid tokens is switched off for good with a one-line warning (_disable); generation
+goes on.
 A Speculator serves request after request (the suite, a server): each starts from nothing
 committed, with the controller's view of the text reset (DraftController.new_request); what it
 learned of this device, and SpecStats' counts, run on over the speculator's life."""
