@@ -94,3 +94,11 @@ def test_shadow_steps_keep_plain_output_and_count_what_would_have_held(warm):
         assert stats.drafted == 0 and drafted >= 20
         if sampler().greedy:
             assert matched == drafted and "drafts proposed unverified" in stats.line()
+
+
+def test_no_shadow_where_every_length_is_compiled():
+    """Warm kernels leave the learning to probes, whose drafts are verified: shadows of a random
+    DFlash draft cost it 5% of bench spec's decoding."""
+    c = timed(DraftController(4, CPU))
+    c.acceptance.expect(0.02)
+    assert c.choose(1000, compile_at(0.0), done=500) == 0 and c.shadow == 0

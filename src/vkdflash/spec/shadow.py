@@ -7,10 +7,10 @@ many of the drafts the tokens plain decoding then commits match. Greedy, that is
 them would have accepted; sampled, for one-hot drafts it is as likely as acceptance, and for a
 draft with its own distribution q (accepted with chance sum min(p, q) >= sum p q) a lower bound.
 
-A shadow costs the proposal alone, so it is taken where it can change a choice: the strategy's
-first proposal compiles for no longer than a probe may, drafts that always held would repay a
-verify compile over the horizon, and this request's shadows have cost under SHADOW_SHARE of its
-plain decoding."""
+A shadow costs the proposal alone, so it is taken where it can change a choice a compile holds:
+the strategy's first proposal compiles for no longer than a probe may, drafts that always held
+would repay a length's compile over the horizon, and this request's shadows have cost under
+SHADOW_SHARE of its plain decoding. Where every length is compiled, probes learn instead."""
 from __future__ import annotations
 
 from statistics import median
@@ -43,8 +43,12 @@ class Shadow:
         if setup(1) > 0.05 * horizon * c_1 or self.seconds > SHADOW_SHARE * control.steps * c_1:
             return 0  # its first proposal would compile for longer than a probe may, or over budget
         sure = control.rates(limit, np.tile([1e9, 0.0], (control.k_max, 1)))
-        if not any(horizon / sure[j] + setup(j + 1) < horizon / sure[0] for j in range(1, limit + 1)):
-            return 0  # not even drafts that always hold would repay a compile: no acceptance would change k
+        if not any(setup(j + 1) > 0 and horizon / sure[j] + setup(j + 1) < horizon / sure[0]
+                   for j in range(1, limit + 1)):
+            # no compile holds the choice (probes, whose drafts are verified, learn there: shadows
+            # of a random DFlash draft on warm kernels cost it 5%), or not even drafts that always
+            # held would repay one: no acceptance would change k
+            return 0
         rates = control.rates(limit)
         return min(limit, SHADOW_MAX, max(1, max(range(len(rates)), key=rates.__getitem__)))
 
