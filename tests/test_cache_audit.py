@@ -293,14 +293,19 @@ def test_a_head_dim_attention_cannot_read_is_refused_where_the_cache_is_made(ctx
 @pytest.mark.parametrize("head_dim", [32, 96, 128, 256])
 @pytest.mark.parametrize("ctk, ctv", [("q8_0", "q8_0"), ("q4_0", "q8_0")])
 def test_attention_at_each_head_dim(ctx0, head_dim, ctk, ctv):
-    r = np.random.default_rng(head_dim)
-    p = Pair(ctx0, ctk, ctv, head_dim=head_dim, n_head_kv=1, n_head=2, n_ctx=9)
+    written_twice_then_read(Pair(ctx0, ctk, ctv, head_dim=head_dim, n_head_kv=1, n_head=2, n_ctx=9), head_dim, 6)
+
+
+def written_twice_then_read(p, seed: int, first: int) -> None:
+    """`first` rows, then the rest of the context; the bytes, then attention of a block of queries
+    after the first write and of one query at the end, against the reference."""
+    r, rest = np.random.default_rng(seed), p.cache.n_ctx - first
     try:
-        p.write(0, rows(r, 6, p.width), rows(r, 6, p.width))
-        p.write(6, rows(r, 3, p.width), rows(r, 3, p.width))
+        p.write(0, rows(r, first, p.width), rows(r, first, p.width))
+        p.write(first, rows(r, rest, p.width), rows(r, rest, p.width))
         p.check_bytes()
-        p.check_attention(queries(r, 3, p), 6)
-        p.check_attention(queries(r, 1, p), 8)
+        p.check_attention(queries(r, rest, p), first)
+        p.check_attention(queries(r, 1, p), p.cache.n_ctx - 1)
     finally:
         p.close()
 
@@ -311,16 +316,8 @@ def test_attention_at_each_head_dim(ctx0, head_dim, ctk, ctv):
 @pytest.mark.parametrize("n_head_kv, n_head", [(2, 2), (1, 3), (1, 8), (2, 6)], ids=["gqa1", "gqa3", "gqa8", "gqa3x2"])
 @pytest.mark.parametrize("ctk, ctv", [("q8_0", "q4_0"), ("q4_0", "q8_0")])
 def test_k_and_v_of_different_types_at_each_gqa_ratio(ctx0, ctk, ctv, n_head_kv, n_head, head_dim):
-    r = np.random.default_rng(n_head)
-    p = Pair(ctx0, ctk, ctv, head_dim=head_dim, n_head_kv=n_head_kv, n_head=n_head, n_ctx=12)
-    try:
-        p.write(0, rows(r, 8, p.width), rows(r, 8, p.width))
-        p.write(8, rows(r, 4, p.width), rows(r, 4, p.width))
-        p.check_bytes()
-        p.check_attention(queries(r, 4, p), 8)
-        p.check_attention(queries(r, 1, p), 11)
-    finally:
-        p.close()
+    written_twice_then_read(Pair(ctx0, ctk, ctv, head_dim=head_dim, n_head_kv=n_head_kv, n_head=n_head, n_ctx=12),
+                            n_head, 8)
 
 
 # -- (5) a kv_cache_write wrapper observes; it cannot change what is stored ---------------------
