@@ -19,8 +19,9 @@ if ((${#missing[@]})); then
 fi
 
 python=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$python" -m venv .venv
+# a .venv without pip (`python3 -m venv` run before python3-venv was installed, or stopped midway) is made again
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+    "$python" -m venv --clear .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[test]'

