@@ -102,3 +102,15 @@ def test_no_shadow_where_every_length_is_compiled():
     c = timed(DraftController(4, CPU))
     c.acceptance.expect(0.02)
     assert c.choose(1000, compile_at(0.0), done=500) == 0 and c.shadow == 0
+
+
+def test_with_no_curve_yet_shadows_say_whether_measuring_one_would_pay():
+    """Before a curve is measured every step is plain; shadows price the drafts meanwhile, with
+    passes at the kernels' guess (a cold `generate --spec ngram` on code that repeats itself:
+    75 of 75 matched, then it measured and drafted 135)."""
+    c = timed(DraftController(4, None, guess=lambda rows: 1 + 0.1 * (rows - 1)))
+    assert c.unmeasured and c.choose(1000, compile_at(1.6), done=100) == 0 and c.shadow >= 1
+    before = c.expected_tokens(4)[4]
+    c.shadowed([1] * c.shadow, 0.0, False)
+    c.committed([1] * c.shadow)
+    assert c.expected_tokens(4)[4] > before

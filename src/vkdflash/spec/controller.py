@@ -174,7 +174,8 @@ class DraftController:
         if self.fixed:
             k = limit
         elif self.unmeasured:
-            k = 0  # plain until a curve is measured
+            k = 0  # plain until a curve is measured; what shadows learn says sooner whether measuring pays
+            self.shadow = self.shadows.length(self, limit, horizon, setup or (lambda rows: 0.0))
         else:
             setup = setup or (lambda rows: 0.0)
 

@@ -42,14 +42,16 @@ class Shadow:
         c_1 = median(ones)
         if setup(1) > 0.05 * horizon * c_1 or self.seconds > SHADOW_SHARE * control.steps * c_1:
             return 0  # its first proposal would compile for longer than a probe may, or over budget
-        sure = control.rates(limit, np.tile([1e9, 0.0], (control.k_max, 1)))
+        # no curve measured yet: passes priced as the kernels guess, as measuring_pays prices them
+        verify = (lambda rows: control.guess(rows) * c_1) if control.unmeasured else None
+        sure = control.rates(limit, np.tile([1e9, 0.0], (control.k_max, 1)), verify)
         if not any(setup(j + 1) > 0 and horizon / sure[j] + setup(j + 1) < horizon / sure[0]
                    for j in range(1, limit + 1)):
             # no compile holds the choice (probes, whose drafts are verified, learn there: shadows
             # of a random DFlash draft on warm kernels cost it 5%), or not even drafts that always
             # held would repay one: no acceptance would change k
             return 0
-        rates = control.rates(limit)
+        rates = control.rates(limit, verify=verify)
         return min(limit, SHADOW_MAX, max(1, max(range(len(rates)), key=rates.__getitem__)))
 
     def proposed(self, drafts, seconds: float) -> None:
