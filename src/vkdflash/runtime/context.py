@@ -6,7 +6,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import VkdflashError
-from .device import Instance, choose_device
+from .device import Instance, choose_device, device_error
 from .memory import Buffer
 from .pipelines import Pipeline
 
@@ -42,12 +42,21 @@ class Context:
                                                 pQueuePriorities=[1.0])
         info = vk.VkDeviceCreateInfo(pNext=s16, queueCreateInfoCount=1, pQueueCreateInfos=[queue_info],
                                      pEnabledFeatures=core)
-        self.device = vk.vkCreateDevice(self.physical, info, None)
-        self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
-        self.pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
-            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
-            queueFamilyIndex=self.queue_family), None)
-        self.fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
+        self.device = self.pool = None
+        try:
+            self.device = vk.vkCreateDevice(self.physical, info, None)
+            self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
+            self.pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
+                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                queueFamilyIndex=self.queue_family), None)
+            self.fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
+        except vk.VkError as exc:  # what was made is unmade: a failed open leaves nothing behind
+            if self.pool is not None:
+                vk.vkDestroyCommandPool(self.device, self.pool, None)
+            if self.device is not None:
+                vk.vkDestroyDevice(self.device, None)
+            self.device = None
+            raise device_error(exc, f"opening device {self.index} ({self.features.name})") from None
         self.memory_props = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
         self.pipelines: dict[tuple, Pipeline] = {}
         # a graph's kernels compile side by side (2 cores: a 2-row pass's five 1.55 -> 0.9 s)
@@ -101,17 +110,36 @@ class Context:
     # -- submission ---------------------------------------------------------
     def command_buffer(self):
         vk = self.vk
-        return vk.vkAllocateCommandBuffers(self.device, vk.VkCommandBufferAllocateInfo(
-            commandPool=self.pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        try:
+            return vk.vkAllocateCommandBuffers(self.device, vk.VkCommandBufferAllocateInfo(
+                commandPool=self.pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        except vk.VkError as exc:
+            raise device_error(exc, "allocating a command buffer") from None
 
     def submit(self, cmd) -> None:
         """The only queue submit in vkdflash: one call, counted, waited on."""
         vk = self.vk
-        vk.vkQueueSubmit(self.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])],
-                         self.fence)
+        try:
+            vk.vkQueueSubmit(self.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])],
+                             self.fence)
+        except vk.VkError as exc:
+            raise device_error(exc, "submitting work to the device") from None
         self.submit_count += 1
-        vk.vkWaitForFences(self.device, 1, [self.fence], vk.VK_TRUE, 0xFFFFFFFFFFFFFFFF)
-        vk.vkResetFences(self.device, 1, [self.fence])
+        try:
+            vk.vkWaitForFences(self.device, 1, [self.fence], vk.VK_TRUE, 0xFFFFFFFFFFFFFFFF)
+            vk.vkResetFences(self.device, 1, [self.fence])
+        except vk.VkError as exc:
+            self._settle()  # the submitted work must not still run while its buffers are freed
+            raise device_error(exc, "waiting for the device's work") from None
+
+    def _settle(self) -> None:
+        """After a failed wait: nothing left in flight, the fence unsignaled, as far as the device lets."""
+        vk = self.vk
+        for call in (lambda: vk.vkQueueWaitIdle(self.queue), lambda: vk.vkResetFences(self.device, 1, [self.fence])):
+            try:
+                call()
+            except vk.VkError:  # a lost device refuses these too: it runs nothing either
+                pass
 
     def copy(self, src: Buffer, dst: Buffer, nbytes: int, src_offset: int = 0, dst_offset: int = 0) -> None:
         """One-shot buffer copy (staging transfers)."""
@@ -143,7 +171,10 @@ class Context:
     def release(self) -> None:
         """Destroy every buffer and graph still alive (their owners did not, e.g. a model whose
         loading failed half-way)."""
-        self.vk.vkDeviceWaitIdle(self.device)
+        try:
+            self.vk.vkDeviceWaitIdle(self.device)
+        except self.vk.VkError:  # a lost device: it runs nothing, and its objects are still freed
+            pass
         for obj in reversed(list(self._live.values())):  # graphs before the buffers they bind
             obj.destroy()
         self._staging = None

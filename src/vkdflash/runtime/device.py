@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, asdict
 
 from ..errors import VkdflashError
@@ -9,6 +10,26 @@ from .lavapipe import choose_vector_width
 
 INSTALL_HINT = ("install a Vulkan driver: on Debian/Ubuntu `apt-get install libvulkan1 "
                 "mesa-vulkan-drivers` (lavapipe runs on any CPU)")
+
+
+def vk_error_name(exc) -> str:
+    """VkErrorOutOfDeviceMemory -> VK_ERROR_OUT_OF_DEVICE_MEMORY (the name the Vulkan spec uses)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).upper()
+
+
+def device_error(exc, doing: str, hint: str = "") -> VkdflashError:
+    """A failed Vulkan call as one line: what ran out or broke, while `doing` what, what to do."""
+    name = vk_error_name(exc)
+    if name == "VK_ERROR_OUT_OF_DEVICE_MEMORY":
+        text = f"out of device memory: {doing}"
+    elif name == "VK_ERROR_OUT_OF_HOST_MEMORY":
+        text = f"out of host memory: {doing}"
+    elif name == "VK_ERROR_DEVICE_LOST":
+        text, hint = (f"the Vulkan device was lost: {doing} (VK_ERROR_DEVICE_LOST: a driver crash or GPU reset)",
+                      "restart vkdflash")
+    else:
+        text = f"Vulkan call failed ({name}): {doing}"
+    return VkdflashError(f"{text}: {hint}" if hint else text)
 
 
 def _vk():

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import VkdflashError
+from .device import device_error
 
 
 def _find_memory(ctx, type_bits: int, want: int, avoid: int = 0) -> int | None:
@@ -57,23 +58,29 @@ class Buffer:
                       if t is not None), None)
         if mtype is None:
             raise VkdflashError(f"no memory type for a {self.nbytes}-byte buffer")
+        self.memory = self.mapped = None
         try:
             self.memory = vk.vkAllocateMemory(ctx.device, vk.VkMemoryAllocateInfo(
                 allocationSize=req.size, memoryTypeIndex=mtype), None)
-        except vk.VkError as exc:
+            vk.vkBindBufferMemory(ctx.device, self.handle, self.memory, 0)
+            flags = ctx.memory_props.memoryTypes[mtype].propertyFlags
+            if flags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT:
+                raw = vk.vkMapMemory(ctx.device, self.memory, 0, self.nbytes, 0)
+                self.mapped = np.frombuffer(raw, dtype=np.uint8)
+        except vk.VkError as exc:  # nothing of this buffer outlives the error
             vk.vkDestroyBuffer(ctx.device, self.handle, None)
+            if self.memory is not None:
+                vk.vkFreeMemory(ctx.device, self.memory, None)
+                self.memory = None
             raise self._out_of_memory(exc) from None
-        vk.vkBindBufferMemory(ctx.device, self.handle, self.memory, 0)
-        flags = ctx.memory_props.memoryTypes[mtype].propertyFlags
-        self.mapped = None
-        if flags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT:
-            raw = vk.vkMapMemory(ctx.device, self.memory, 0, self.nbytes, 0)
-            self.mapped = np.frombuffer(raw, dtype=np.uint8)
         ctx.track(self)
 
     def _out_of_memory(self, exc) -> VkdflashError:
-        return VkdflashError(f"out of device memory: a buffer of {self.nbytes} bytes ({self.nbytes / 2**20:.1f} MiB) "
-                             f"was asked for ({type(exc).__name__})")
+        what = f", for {self.owner.name}" if self.owner is not None else ""
+        hint = ("lower -c or use a quantized cache (-ctk/-ctv q8_0)" if self.owner is not None else
+                "use a smaller model, a lower -c or a quantized cache (-ctk/-ctv q8_0)")
+        return device_error(exc, f"a buffer of {self.nbytes} bytes ({self.nbytes / 2**20:.1f} MiB) "
+                                 f"was asked for ({type(exc).__name__}){what}", hint)
 
     def check_host_write(self) -> None:
         """A host write or a device copy into this buffer: refused for owned memory (a KV cache)
