@@ -139,3 +139,13 @@ def test_out_of_memory_anywhere_is_one_line_and_frees_everything(model, monkeypa
     counts = fail(monkeypatch, "vkAllocateMemory", vulkan.VkErrorOutOfDeviceMemory, lambda n, f: n == at)
     assert "out of device memory: a buffer of" in one_line_error(generate(model))
     balanced(counts)
+
+
+@pytest.mark.parametrize("name", ["vkCreateComputePipelines", "vkCreateDescriptorPool"])
+def test_a_vulkan_call_no_path_words_is_still_one_line(model, monkeypatch, name):
+    """A pipeline or a graph's descriptor pool failing reached the user as a traceback; the CLI words
+    any Vulkan error it is handed (and frees what was made, as for the others)."""
+    counts = fail(monkeypatch, name, vulkan.VkErrorOutOfHostMemory)
+    line = one_line_error(generate(model))
+    assert "out of host memory" in line and "a Vulkan call failed" in line, line
+    balanced(counts)

@@ -46,6 +46,12 @@ class Cli(click.Group):
             if exc.filename is None:  # stdout itself may be what failed: its last flush must not print more
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)
+        except Exception as exc:  # a Vulkan call no path words (a pipeline, a descriptor pool): one line too
+            if not any(c.__name__ == "VkError" and c.__module__.startswith("vulkan") for c in type(exc).__mro__):
+                raise
+            from .runtime.device import device_error
+            click.echo(f"vkdflash: error: {device_error(exc, 'a Vulkan call failed')}", err=True)
+            sys.exit(1)
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
