@@ -520,10 +520,9 @@ def test_how_many_misses_switch_a_draft_off_follows_what_it_expects():
 
 
 def test_the_controllers_arithmetic_is_numpys():
-    """_lerp and _argmax replace np.interp and np.argmax per step (their call cost was 2% of a
+    """_lerp and argmax replace np.interp and np.argmax per step (their call cost was 2% of a
     lavapipe decode step): the same bits and the same index, so no choice moves."""
-    from vkdflash.spec.controller import _argmax
-    from vkdflash.spec.costs import _lerp
+    from vkdflash.spec.costs import _lerp, argmax
     rng = np.random.default_rng(3)
     for _ in range(200):
         xs = np.sort(rng.choice(np.arange(1, 80), size=int(rng.integers(2, 8)), replace=False)).astype(float)
@@ -531,7 +530,7 @@ def test_the_controllers_arithmetic_is_numpys():
         for x in np.concatenate([xs, rng.uniform(0, 90, 20)]):
             assert _lerp(float(x), xs.tolist(), ys.tolist()) == float(np.interp(x, xs, ys))
         values = rng.integers(0, 4, 9).astype(float).tolist()
-        assert _argmax(values) == int(np.argmax(values))
+        assert argmax(values) == int(np.argmax(values))
 
 
 def test_a_longer_draft_is_never_priced_below_a_shorter_one():

@@ -47,7 +47,8 @@ class Cli(click.Group):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)
         except Exception as exc:  # a Vulkan call no path words (a pipeline, a descriptor pool): one line too
-            if not any(c.__name__ == "VkError" and c.__module__.startswith("vulkan") for c in type(exc).__mro__):
+            vulkan = sys.modules.get("vulkan")  # a VkError means the bindings were imported
+            if vulkan is None or not isinstance(exc, vulkan.VkError):
                 raise
             from .runtime.device import device_error
             click.echo(f"vkdflash: error: {device_error(exc, 'a Vulkan call failed')}", err=True)

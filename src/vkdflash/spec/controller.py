@@ -34,7 +34,7 @@ from statistics import median
 import numpy as np
 
 from .acceptance import Acceptance
-from .costs import DraftCosts, VerifyCosts
+from .costs import DraftCosts, VerifyCosts, argmax
 from .shadow import Shadow
 from .verdict import STOP_RATIO, STOP_STEPS, at_record, verdict
 
@@ -166,7 +166,7 @@ class DraftController:
         and 138 tokens, and compiles bought at their start had made them 1.6-1.8x slower than
         plain decoding; weighed over the tokens so far, a compile is bought once the rent paid
         without it would have bought it, so a run that ends then pays at most twice the best)."""
-        horizon = self.horizon(room, done)
+        horizon, setup = self.horizon(room, done), setup or (lambda rows: 0.0)
         limit = min(self.k_max, room)
         self.shadow = 0
         if limit <= 0:
@@ -174,11 +174,8 @@ class DraftController:
         if self.fixed:
             k = limit
         elif self.unmeasured:
-            k = 0  # plain until a curve is measured; what shadows learn says sooner whether measuring pays
-            self.shadow = self.shadows.length(self, limit, horizon, setup or (lambda rows: 0.0))
+            k = 0  # plain until a curve is measured
         else:
-            setup = setup or (lambda rows: 0.0)
-
             def affordable(j: int) -> bool:  # no dearer than its pass, or small next to what is left
                 return setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * horizon * self.c_verify(1))
 
@@ -186,7 +183,7 @@ class DraftController:
             # cold process pricing it here made the first step draft (a 2-row compile, ~1.6 s)
             rates = self.rates(limit)
             k = min(range(limit + 1), key=lambda j: horizon / rates[j] + (setup(j + 1) if j else 0.0))
-            self.held += k < _argmax(rates)
+            self.held += k < argmax(rates)
             reach = min(limit, 2 * self.full + 1)
             if self.full and reach > k and self.costs.width(reach + 1) not in self.costs.live and affordable(reach) \
                     and self._may_pay(reach, rates[k]):
@@ -199,8 +196,8 @@ class DraftController:
                 at_record = self.rates(limit, np.zeros_like(self.acceptance.counts))
                 k = max(cheap, key=lambda j: (at_record[j], -j)) if cheap else 0
                 self.probing = k > 0
-            if not k:  # what plain decoding commits next says how its drafts would have done
-                self.shadow = self.shadows.length(self, limit, horizon, setup)
+        if not (k or self.fixed):  # what plain decoding commits next says how its drafts would have done
+            self.shadow = self.shadows.length(self, limit, horizon, setup)
         self.idle = 0 if k else self.idle + 1
         self.chosen.append(k)
         return k
@@ -275,8 +272,3 @@ class DraftController:
                 "overhead_seconds": self.overhead,
                 "acceptance": [round(float(a), 3) for a in self.acceptance.estimate()],
                 "verify_seconds": {str(n): s for n, s in sorted(self.costs.verify.items())}}
-
-
-def _argmax(values: list) -> int:
-    """The first index of the largest value, as np.argmax."""
-    return max(range(len(values)), key=values.__getitem__)

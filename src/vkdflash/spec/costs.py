@@ -211,3 +211,8 @@ def _lerp(x: float, xs: list, ys: list) -> float:
     if x == xs[j]:
         return float(ys[j])
     return float((ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j]) * (x - xs[j]) + ys[j])
+
+
+def argmax(values: list) -> int:
+    """The first index of the largest value, as np.argmax (plain Python: a few values, every step)."""
+    return max(range(len(values)), key=values.__getitem__)

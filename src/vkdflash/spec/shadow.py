@@ -17,6 +17,8 @@ from statistics import median
 
 import numpy as np
 
+from .costs import argmax
+
 SHADOW_SHARE = 0.05  # most of a request's decoding time its shadow proposals may take
 SHADOW_MAX = 4       # most drafts a shadow proposes (a_1 and a_2 decide most choices)
 
@@ -52,7 +54,7 @@ class Shadow:
             # held would repay one: no acceptance would change k
             return 0
         rates = control.rates(limit, verify=verify)
-        return min(limit, SHADOW_MAX, max(1, max(range(len(rates)), key=rates.__getitem__)))
+        return min(limit, SHADOW_MAX, max(1, argmax(rates)))
 
     def proposed(self, drafts, seconds: float) -> None:
         """Drafts proposed after the newest token, to be matched against the tokens after it."""

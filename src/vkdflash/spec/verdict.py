@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .costs import SHAPE_PASSES
+from .costs import SHAPE_PASSES, argmax
 
 STOP_STEPS = 16    # timed steps before judging whether the strategy pays
 STOP_RATIO = 0.97  # below this share of plain decoding's rate, it does not
@@ -58,7 +58,7 @@ def verdict(control) -> str | None:
     steady = control.costs.steady
     run_counts = control.acceptance.run_counts
     rates = control.rates(control.k_max, run_counts, steady)
-    k = max(range(len(rates)), key=rates.__getitem__)  # the first best, as np.argmax
+    k = argmax(rates)
     best, plain, a_1 = rates[k], control.plain_rate(), control.acceptance.estimate(run_counts)[0]
     if k == 0 and control.overhead > UPKEEP_SHARE * control.c_verify(1):
         return (f"it costs more than it saves here: no draft length pays (a_1 {a_1:.2f}) and it "
