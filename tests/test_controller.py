@@ -695,3 +695,22 @@ def test_the_record_check_is_the_binomial_tail():
                 for chance in (0.002, 0.02, 0.5):
                     assert _unlikely(x, n, a, chance) == (tail < chance), (x, n, a, chance)
     assert _unlikely(300, 2000, 0.43, 0.002) and not _unlikely(850, 2000, 0.43, 0.002)
+
+
+def test_a_cascades_parts_each_get_the_length_their_own_acceptance_pays():
+    """ngram+mtp on the bench prompt: the copy right on ~90% of its drafts, the head on ~40%; one
+    length for both held the copy at the head's k ~1."""
+    c, r = DraftController(8, CPU), np.random.default_rng(0)
+    assert c.part_lengths(64) == {}  # no part seen yet: each drafts choose()'s k
+    for step in range(120):
+        source, p = ("copy", 0.9) if step % 2 else ("head", 0.4)
+        accepted = 0
+        while accepted < 8 and r.random() < p:
+            accepted += 1
+        c.update(8, 8, accepted, CPU[8], 0.0, source, 8)
+    lengths = c.part_lengths(64)
+    assert lengths["copy"] >= 4 and lengths["head"] <= 2 and lengths["copy"] > c.choose(64)
+    for part in c.parts:
+        rates = c.rates(8, part=c.parts[part])
+        assert lengths[part] == int(np.argmax(rates)), part
+    assert DraftController(8, CPU, fixed=True).part_lengths(64) == {}  # a fixed length is every part's

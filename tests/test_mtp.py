@@ -15,6 +15,7 @@ from vkdflash.generate import Stats, generate
 from vkdflash.model import expected_tensors, load_model
 from vkdflash.model.forward import Model
 from vkdflash.plugins import strategies
+from vkdflash.spec.cascade import lookup
 from vkdflash.ref.model import RefModel, RefWeights
 from vkdflash.ref.mtp import RefMTP
 from vkdflash.sampling import Sampler
@@ -481,4 +482,22 @@ def test_held_positions_are_written_in_the_batch_widths_of_every_step(ctx0, file
     assert widths and max(widths) <= 2, sorted(set(widths))
     gpu.close()
     sctx.close()
+    model.close()
+
+
+def test_greedy_cascade_with_ngram_is_identical_to_plain_and_the_head_sees_every_commit(ctx0, trained, files):
+    """ngram+mtp: where the copy proposes, the head does not, yet it must write every committed
+    position (else its later drafts read a cache with holes and its acceptance falls)."""
+    model = Model(ctx0, load_model(files["plain"]), n_ctx=128)
+    tok = Tokenizer(model.mf.metadata)
+    plain, _ = generate_ids(model, tok, 60)
+    reg = lookup("ngram+mtp")
+    opts = dict(draft_model=trained["sidecar"], draft_max=4, settings={"ngram": {"n": 3}, "mtp": reg.parts[1].settings(())})
+    got, stats = generate_ids(model, tok, 60, reg.factory, **opts)
+    assert got == plain and not stats.disabled
+    ngram, mtp = stats.by_source["ngram"], stats.by_source["mtp"]
+    assert ngram[0] > 0 and mtp[0] > 0 and ngram[0] + mtp[0] == stats.steps
+    alone, alone_stats = generate_ids(model, tok, 60, MTP, draft_model=trained["sidecar"], draft_max=4)
+    assert alone == plain
+    assert mtp[2] / mtp[1] >= 0.8 * alone_stats.acceptance_rate, (mtp, alone_stats.acceptance_rate)
     model.close()

@@ -22,17 +22,16 @@ class Runs:
 
 def parse_runs(runs: str, cache_types: str, temps: str) -> Runs:
     """The suite flags' values; a bad one is a usage error naming its flag."""
-    from .plugins import strategies
-    known = strategies()
-    spellings = {n for r in known.values() for n in (r.name, *r.aliases)}
+    from .spec.cascade import lookup
     chosen = []
     for item in filter(None, runs.split(",")):
         name, _, k = item.partition(":")
         if not (k.isascii() and k.isdigit() and 1 <= int(k) <= 64):
             raise click.BadParameter(f"{quote(item, 40)}: write NAME:K with K in 1..64", param_hint="'--suite-runs'")
-        if name not in spellings:
-            raise click.BadParameter(f"unknown strategy {quote(name, 40)}; known: {', '.join(sorted(known))}",
-                                     param_hint="'--suite-runs'")
+        try:
+            lookup(name)
+        except VkdflashError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--suite-runs'") from None
         chosen.append((name, int(k)))
     if not chosen:
         raise click.BadParameter("give at least one NAME:K", param_hint="'--suite-runs'")

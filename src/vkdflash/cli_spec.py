@@ -35,9 +35,10 @@ class SpecRequest:
 
     def resolve(self) -> str:
         """The strategy to run: --spec, else the one whose plugin claims the -md file, else none."""
-        from .plugins import claim, lookup
+        from .plugins import claim
+        from .spec import cascade
         if self.spec:
-            return "none" if self.spec == "none" else lookup(self.spec).name
+            return "none" if self.spec == "none" else cascade.lookup(self.spec).name
         if not self.draft_model:
             return "none"
         from .model import GGUFFile
@@ -85,9 +86,13 @@ class SpecRequest:
         return best["strategy"]
 
     def settings(self, name: str) -> dict:
-        """The chosen strategy's option values; an option for another strategy is an error."""
-        from .plugins import lookup, strategies
-        reg, pairs, known = lookup(name), [], strategies()
+        """The chosen strategy's option values; an option for another strategy is an error.
+        A cascade's are {part name: that part's values}, each option going to the part it names."""
+        from .plugins import strategies
+        from .spec.cascade import lookup
+        reg, known = lookup(name), strategies()
+        parts = reg.parts or (reg,)
+        pairs: dict = {p.name: [] for p in parts}
         for text in self.spec_opts:
             owner, dot, pair = text.partition(".")
             if not dot:
@@ -95,10 +100,12 @@ class SpecRequest:
             if not any(owner == r.name or owner in r.aliases for r in known.values()):
                 raise VkdflashError(f"--spec-opt {text[:40]}: no strategy is called {owner[:40]!r} "
                                     f"(known: {', '.join(sorted(known))})")
-            if owner != reg.name and owner not in reg.aliases:
+            part = next((p for p in parts if owner == p.name or owner in p.aliases), None)
+            if part is None:
                 raise VkdflashError(f"--spec-opt {text[:40]} is for {owner[:40]}, but the strategy is {reg.name}")
-            pairs.append(pair)
-        return reg.settings(pairs)
+            pairs[part.name].append(pair)
+        values = {p.name: p.settings(pairs[p.name]) for p in parts}
+        return values if reg.parts else values[reg.name]
 
 
 def spec_options(f):
@@ -115,7 +122,8 @@ def spec_options(f):
 
     opts = [
         click.option("--spec", "spec", default=None, metavar="NAME",
-                     help="Speculative strategy: none or any plugin's (see `vkdflash plugins`). "
+                     help="Speculative strategy: none or any plugin's (see `vkdflash plugins`), or a cascade A+B "
+                          "(each step the first that proposes: ngram+mtp copies where the text repeats). "
                           "Default: the strategy that claims the -md file, else one with a draft shipped for "
                           "the model (drafting only where it measures faster), else none."),
         click.option("--spec-type", "spec_type", default=None, metavar="TYPE",
@@ -148,9 +156,14 @@ def _refuse_unread(request: SpecRequest) -> None:
     if request.spec == "none" and request.draft_model:
         raise click.UsageError(f"-md {quote(request.draft_model)}: --spec none runs no draft model")
     if request.spec and request.draft_model:
-        from .plugins import draft_takers, lookup
-        takers = draft_takers()
-        if lookup(request.spec).name not in takers:
+        from .plugins import draft_takers
+        from .spec.cascade import lookup
+        takers, reg = draft_takers(), lookup(request.spec)
+        taking = [p.name for p in reg.parts or (reg,) if p.name in takers]
+        if len(taking) > 1:
+            raise click.UsageError(f"-md {quote(request.draft_model)}: the cascade {reg.name} holds {len(taking)} "
+                                   f"strategies that take a draft model ({', '.join(taking)}); one -md goes to one")
+        if not taking:
             raise click.UsageError(f"-md {quote(request.draft_model)}: --spec {request.spec} takes no draft model "
                                    f"(strategies that do: {', '.join(takers) or 'none'})")
 
@@ -162,7 +175,7 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
     short run much slower than plain decoding); else before the first token (benchmarks)."""
     if name == "none":
         return None
-    from .plugins import lookup
+    from .spec.cascade import lookup
     from .spec.controller import DraftController
     from .measured import measured_file
     from .spec.curve import StrategyCosts, cached_costs, measure_here, remember, verify_costs
@@ -173,7 +186,8 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
                               settings=request.settings(name))
     measure = None
     # a fixed length's proposals cost what they cost under the controller: timed, they price its next run
-    costs = StrategyCosts(model, name, request.draft_model)
+    registered = lookup(name)
+    costs = StrategyCosts(model, name, request.draft_model, tuple(p.name for p in registered.parts))
     if request.draft_fixed:
         control = DraftController(request.draft_max, {1: 1.0}, fixed=True)
     else:
@@ -184,4 +198,4 @@ def build_speculator(model, request: SpecRequest, name: str, rotate: bool, stats
             measure = functools.partial(measure_here, model, cache=True)
         control = DraftController(request.draft_max, curve, persist=lambda curve: remember(model, curve),
                                   width=model.pass_width, guess=model.pass_cost_guess)
-    return Speculator(model, name, lookup(name).factory, options, stats, control, measure, costs)
+    return Speculator(model, name, registered.factory, options, stats, control, measure, costs)

@@ -227,6 +227,7 @@ class Registered:
     plugin: str
     options: tuple = ()   # vkdflash.api.Option
     aliases: tuple = ()
+    parts: tuple = ()     # a cascade's strategies (Registered), in the order they are asked
 
     def settings(self, pairs) -> dict:
         """Option values from `KEY=VALUE` texts (already stripped of "NAME."), defaults filled in."""
@@ -277,7 +278,8 @@ def _clash(name: str, aliases, found: dict) -> str | None:
 
 
 def lookup(name: str) -> Registered:
-    """The strategy registered under `name` or one of its aliases; a one-line error otherwise."""
+    """The strategy registered under `name` or one of its aliases; a one-line error otherwise
+    (spec.cascade.lookup reads cascades, `ngram+mtp`, too)."""
     found = strategies()
     for r in found.values():
         if name == r.name or name in r.aliases:

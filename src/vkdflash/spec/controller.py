@@ -71,11 +71,14 @@ class DraftController:
         self.total = np.zeros(2, int)  # drafted, accepted in this request
         self.held = 0  # steps that drafted less than the rate asked: the run would not repay a compile
         self.shadows, self.shadow = Shadow(), 0  # drafts proposed and not verified (shadow.py); this step's
+        self.parts: dict[str, tuple[Acceptance, DraftCosts]] = {}  # a cascade's parts (Proposal.source), as seen
 
     # -- the model -----------------------------------------------------------------
     def new_request(self) -> None:
         """Forget what the last request's text taught; keep what the device's costs did."""
         self.acceptance.reset()
+        for acceptance, _ in self.parts.values():
+            acceptance.reset()
         self.served += self.steps + int(self.total[1])
         self.shadows.new_request()
         self.full, self.idle, self.wait, self.probing, self.steps = 0, 0, self.probe_every, False, 0
@@ -118,22 +121,23 @@ class DraftController:
     def c_draft(self, k: int) -> float:
         return self.drafts.cost(k)
 
-    def expected_tokens(self, limit: int, counts=None) -> list[float]:
+    def expected_tokens(self, limit: int, counts=None, acceptance=None) -> list[float]:
         """E(k), tokens a step commits with k = 0..limit drafts (plain Python: the controller runs
         every step, and numpy's per-call cost on these few values was 2% of a lavapipe decode step)."""
         tokens, reach, expected = [1.0], 1.0, 0.0
-        for a in self.acceptance.estimate(counts)[:limit].tolist():
+        for a in (acceptance or self.acceptance).estimate(counts)[:limit].tolist():
             reach *= a
             expected += reach
             tokens.append(1.0 + expected)
         return tokens
 
-    def rates(self, limit: int, counts=None, verify=None) -> list[float]:
+    def rates(self, limit: int, counts=None, verify=None, part=None) -> list[float]:
         """Committed tokens per second with k = 0..limit drafts (verify: the pass prices, c_verify
-        unless given)."""
+        unless given; part: a cascade part's (Acceptance, DraftCosts) instead of the strategy's)."""
         verify = verify or self.c_verify
-        return [t / (verify(k + 1) + self.c_draft(k) + self.overhead)
-                for k, t in enumerate(self.expected_tokens(limit, counts))]
+        acceptance, drafts = part or (self.acceptance, self.drafts)
+        return [t / (verify(k + 1) + drafts.cost(k) + self.overhead)
+                for k, t in enumerate(self.expected_tokens(limit, counts, acceptance))]
 
     def expected_rate(self, k: int) -> float:
         return self.rates(k)[k]
@@ -202,6 +206,20 @@ class DraftController:
         self.chosen.append(k)
         return k
 
+    def part_lengths(self, room: int, setup=None, done: int | None = None) -> dict[str, int]:
+        """A cascade's draft length per part it has seen propose, each priced at that part's own
+        acceptance and proposal cost as choose() prices the strategy's (compiles weighed over the
+        same horizon): a copy right on 88% of its drafts was held at the head's k ~1 (the default
+        bench prompt, ngram+mtp). A part not yet seen drafts choose()'s k."""
+        if self.fixed or self.unmeasured or not self.parts:
+            return {}
+        horizon, setup, limit = self.horizon(room, done), setup or (lambda rows: 0.0), min(self.k_max, room)
+        lengths = {}
+        for name, part in self.parts.items():
+            rates = self.rates(limit, part=part)
+            lengths[name] = min(range(limit + 1), key=lambda j: horizon / rates[j] + (setup(j + 1) if j else 0.0))
+        return lengths
+
     def horizon(self, room: int, done: int | None) -> int:
         """Tokens a compile bought now is weighed over: the tokens left (`room`), or where the
         request has generated `done`, no more than that (see choose). Kernels outlive the request,
@@ -235,14 +253,20 @@ class DraftController:
                                              + self.overhead) > rate
 
     def update(self, k: int, drafted: int, accepted: int, verify_seconds: float | None,
-               draft_seconds: float | None) -> None:
-        """After a step that asked for k drafts, got `drafted`, and the target accepted `accepted`;
-        seconds of None are not typical (a first pass that recorded and compiled) and not learned."""
+               draft_seconds: float | None, source: str = "", source_k: int = 0) -> None:
+        """After a step that asked for k drafts, got `drafted` (from a cascade's part `source`, asked
+        for source_k), and the target accepted `accepted`; seconds of None are not typical (a first
+        pass that recorded and compiled) and not learned."""
         if verify_seconds is not None:
             rows = self.costs.width(drafted + 1)
             self.costs.learn(rows, rows == drafted + 1, verify_seconds)
         if k and draft_seconds is not None:
             self.drafts.learn(k, draft_seconds)
+        if source and drafted:
+            acceptance, drafts = self.parts.setdefault(source, (Acceptance(self.k_max), DraftCosts()))
+            acceptance.learn(drafted, accepted, keep_record=True)
+            if draft_seconds is not None:
+                drafts.learn(source_k or k, draft_seconds)
         self.full = drafted if drafted and accepted == drafted else 0
         self.total += (drafted, accepted)
         self.steps += 1

@@ -148,10 +148,12 @@ class StrategyCosts:
     proposal of k drafts. Unpriced, a cold 1000-token default run bought the head's compiles, with
     drafts priced free until timed, at ~430 tokens, and ran 3-15% slower than plain decoding."""
 
-    def __init__(self, model, name: str, draft: str | None = None):
-        """draft: the -md file the strategy runs (its size and time name it too), None for its own."""
+    def __init__(self, model, name: str, draft: str | None = None, parts: tuple = ()):
+        """draft: the -md file the strategy runs (its size and time name it too), None for its own;
+        parts: a cascade's strategy names, whose first proposals price its own until it has one."""
         self.ctx, self.key = model.ctx, f"{_key(model)}|strategy {name}" + (f"|{file_id(draft)}" if draft else "")
         self.known = self._cached()  # as the file held it when the run began
+        self.parts = [StrategyCosts(model, part, draft) for part in parts]
 
     def _cached(self) -> dict:
         cached = load().get(self.key)
@@ -160,7 +162,8 @@ class StrategyCosts:
     def first_seconds(self) -> float:
         if self.key in _proposed.get(self.ctx, ()):
             return 0.0
-        return _seconds(self.known.get("first")) or 0.0
+        own = _seconds(self.known.get("first"))
+        return own if own is not None else sum(part.first_seconds() for part in self.parts)
 
     def drafts(self) -> dict[int, float]:
         """Seconds of a proposal of k drafts, per k."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import VkdflashError
+from .cascade import Cascade
 from .controller import DraftController
 from .curve import FIRST_ROWS, measuring_passes
 from .stats import SpecStats
@@ -94,12 +95,13 @@ class Speculator:
         self._off = ""  # why the strategy sits out the rest of this request (_disable)
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
-        self.strategy = None
+        self.strategy, self.parts = None, []  # parts: a cascade's names
         try:  # a start that fails is the user's error (a bad draft file or option): said once, as the error
             self.strategy = factory(self.ctx)
             if self.strategy is None:
                 raise VkdflashError("its factory returned nothing")
             self.capture, self.expected, longest = declared(self.strategy, model.hp.n_layer)
+            self.parts = [p.name for p in self.strategy.parts] if isinstance(self.strategy, Cascade) else []
         except Exception as exc:  # noqa: BLE001 -- one line, never a plugin's traceback
             self._drop_strategy()  # what it made so far is freed now, not when the process ends
             self.ctx.close()
@@ -202,10 +204,14 @@ class Speculator:
                 return
             if self._active and self.control.unmeasured and self.measure is not None and room > 0:
                 self._measure_if_it_pays(self.control.horizon(room, emitted))
-            max_n = self.control.choose(room, lambda rows: self._setup_seconds(rows, rows > 1, self.capture, greedy)
-                                        + self._first_seconds, emitted) \
-                if self._active else 0
-            ask = max_n or (self.control.shadow if self._active else 0)  # a shadow: proposed, not verified
+            setup = lambda rows: self._setup_seconds(rows, rows > 1, self.capture, greedy) + self._first_seconds  # noqa: E731
+            max_n = self.control.choose(room, setup, emitted) if self._active else 0
+            # a cascade's parts, each at its own length (a part not yet seen: max_n)
+            lengths = self.control.part_lengths(room, setup, emitted) if self._active and self.parts else {}
+            drafting = max([max_n, *lengths.values()])
+            if self.parts and self._active:  # a shadow step asks every part as it is
+                self.strategy.lengths = {name: lengths.get(name, max_n) for name in self.parts} if drafting else {}
+            ask = drafting or (self.control.shadow if self._active else 0)  # a shadow: proposed, not verified
             t0, kernels = time.perf_counter(), len(model.ctx.pipelines)
             prop = self._propose(last, ask) if ask > 0 else Proposal([])
             t1, compiled = time.perf_counter(), len(model.ctx.pipelines) > kernels
@@ -220,7 +226,7 @@ class Speculator:
             shape = (ask, len(prop.tokens))
             seen = self._seen[shape] = self._seen.get(shape, 0) + 1
             typical = seen > COLD_PROPOSALS and not compiled
-            if ask > max_n:
+            if ask > drafting:
                 self.control.shadowed(prop.tokens, t1 - t0, typical)
                 prop = Proposal([])
             capture = self.capture if self._active else ()  # a switched-off strategy reads none
@@ -232,10 +238,11 @@ class Speculator:
             n, nxt = (verify_greedy(prop.tokens, out.ids) if greedy
                       else verify(prop.tokens, out.logits, sampler, prop.probs))
             cache.truncate(pos + 1 + n)
-            self.stats.record(len(prop.tokens), n)
+            self.stats.record(len(prop.tokens), n, prop.source)
             self.watchdog.watch(self.expected if self._active else None, self.stats, self.ctx)
             disowned = self.control.acceptance.disowned
-            self.control.update(max_n, len(prop.tokens), n, t2 - t1 if warm else None, t1 - t0 if typical else None)
+            self.control.update(drafting, len(prop.tokens), n, t2 - t1 if warm else None, t1 - t0 if typical else None,
+                                prop.source, lengths.get(prop.source, drafting))
             self.control.committed(prop.tokens[:n] + [nxt])
             if self.control.acceptance.disowned != disowned:
                 log.info("%s: %s", self.stats.strategy, self.control.acceptance.disowned)

@@ -17,10 +17,14 @@ class SpecStats:
     inject_seconds: float = 0.0
     disabled: str = ""          # why the strategy is off: for good, or in the latest request (engine._disable)
     draft_length: dict = field(default_factory=dict)  # DraftController.summary(): mean k chosen, and why
+    by_source: dict = field(default_factory=dict)  # a cascade's part -> [steps, drafted, accepted]
 
-    def record(self, n_drafted: int, n_accepted: int) -> None:
+    def record(self, n_drafted: int, n_accepted: int, source: str = "") -> None:
         if n_drafted == 0:
             return
+        if source:
+            counts = self.by_source.setdefault(source, [0, 0, 0])
+            counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + n_drafted, counts[2] + n_accepted
         self.steps += 1
         self.drafted += n_drafted
         self.accepted += n_accepted
@@ -44,7 +48,9 @@ class SpecStats:
                 "tau": self.tau,
                 "per_position_acceptance": [a / self.steps if self.steps else 0.0 for a in self.per_position],
                 "seconds": {"verify": self.verify_seconds, "draft": self.draft_seconds, "inject": self.inject_seconds},
-                "disabled": self.disabled or None, "draft_length": self.draft_length or None}
+                "disabled": self.disabled or None, "draft_length": self.draft_length or None,
+                "by_source": {name: {"verify_steps": st, "drafted": d, "accepted": a, "tau": 1.0 + a / st}
+                              for name, (st, d, a) in self.by_source.items()} or None}
 
     def line(self) -> str:
         text = f"spec {self.strategy} (draft max {self.draft_max}): drafted {self.drafted}, "
@@ -54,6 +60,9 @@ class SpecStats:
                      f"[{per_pos}{' ...' if len(self.per_position) > 8 else ''}], ")
         else:
             text += "so no acceptance to report, "
+        if self.by_source:
+            text += "by part " + ", ".join(f"{name} {st} steps tau {1 + a / st:.2f}"
+                                           for name, (st, _, a) in self.by_source.items()) + ", "
         text += (f"time verify {self.verify_seconds:.2f}s draft {self.draft_seconds:.2f}s "
                  f"inject {self.inject_seconds:.2f}s")
         d = self.draft_length

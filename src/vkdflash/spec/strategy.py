@@ -27,9 +27,12 @@ _owned: dict[int, list] = {}  # id(StrategyContext) -> its caches: kept off the 
 class Proposal:
     """Draft tokens for positions P+1..P+k, P being the position of `last_token`.
     probs: the draft's distribution for each drafted position [k, n_vocab] when it sampled
-    them; None means the drafts were chosen deterministically (q is one-hot)."""
+    them; None means the drafts were chosen deterministically (q is one-hot).
+    source: which proposer drafted them, when a strategy combines several (a cascade's part):
+    the stats count acceptance per source."""
     tokens: list
     probs: np.ndarray | None = None
+    source: str = ""
 
 
 class InvalidProposal(VkdflashError):
@@ -44,9 +47,12 @@ def checked_proposal(prop, max_n: int, n_vocab: int) -> Proposal:
     tokens = _token_list(prop.tokens)
     if len(tokens) > max_n or not all(0 <= t < n_vocab for t in tokens):
         raise InvalidProposal(f"proposed invalid tokens {tokens[:8]!r} (max {max_n}, vocabulary {n_vocab})")
+    source = getattr(prop, "source", "")
+    if not isinstance(source, str):
+        raise InvalidProposal(f"proposal source must be a string, not {type(source).__name__}")
     probs = getattr(prop, "probs", None)
     if probs is None:
-        return Proposal(tokens)
+        return Proposal(tokens, None, source)
     probs = np.asarray(probs)
     if probs.shape != (len(tokens), n_vocab):
         raise InvalidProposal(f"draft probabilities have shape {probs.shape}, expected ({len(tokens)}, {n_vocab})")
@@ -58,7 +64,7 @@ def checked_proposal(prop, max_n: int, n_vocab: int) -> Proposal:
         raise InvalidProposal("draft probabilities are not all finite and non-negative")
     if probs.size and not (probs.sum(axis=1) > 0).all():
         raise InvalidProposal("draft probabilities have a row that sums to 0")
-    return Proposal(tokens, probs)
+    return Proposal(tokens, probs, source)
 
 
 def _token_list(tokens) -> list:
