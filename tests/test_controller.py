@@ -714,3 +714,17 @@ def test_a_cascades_parts_each_get_the_length_their_own_acceptance_pays():
         rates = c.rates(8, part=c.parts[part])
         assert lengths[part] == int(np.argmax(rates)), part
     assert DraftController(8, CPU, fixed=True).part_lengths(64) == {}  # a fixed length is every part's
+
+
+def test_a_cascade_part_held_at_length_0_is_probed_and_waits_longer_after_a_miss():
+    c = DraftController(8, CPU)
+    for _ in range(40):
+        c.update(4, 4, 0, CPU[4], 0.0, "copy", 4)  # never right
+    waits = []
+    for _ in range(3):
+        steps = 1
+        while c.part_lengths(64)["copy"] == 0:
+            steps += 1
+        waits.append(steps)
+        c.update(1, 1, 0, CPU[2], 0.0, "copy", 1)
+    assert waits == [8, 16, 32]

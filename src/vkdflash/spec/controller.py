@@ -72,6 +72,8 @@ class DraftController:
         self.held = 0  # steps that drafted less than the rate asked: the run would not repay a compile
         self.shadows, self.shadow = Shadow(), 0  # drafts proposed and not verified (shadow.py); this step's
         self.parts: dict[str, tuple[Acceptance, DraftCosts]] = {}  # a cascade's parts (Proposal.source), as seen
+        self.part_idle: dict[str, list] = {}  # per part: steps at length 0, steps before a probe, probing now
+        self.part_records: dict[str, float] = {}  # a part's a_1 on its draft's record (its acceptance's prior)
 
     # -- the model -----------------------------------------------------------------
     def new_request(self) -> None:
@@ -79,6 +81,7 @@ class DraftController:
         self.acceptance.reset()
         for acceptance, _ in self.parts.values():
             acceptance.reset()
+        self.part_idle = {}
         self.served += self.steps + int(self.total[1])
         self.shadows.new_request()
         self.full, self.idle, self.wait, self.probing, self.steps = 0, 0, self.probe_every, False, 0
@@ -217,7 +220,12 @@ class DraftController:
         lengths = {}
         for name, part in self.parts.items():
             rates = self.rates(limit, part=part)
-            lengths[name] = min(range(limit + 1), key=lambda j: horizon / rates[j] + (setup(j + 1) if j else 0.0))
+            k = min(range(limit + 1), key=lambda j: horizon / rates[j] + (setup(j + 1) if j else 0.0))
+            idle = self.part_idle.setdefault(name, [0, self.probe_every, False])
+            idle[0], idle[2] = (idle[0] + 1, False) if k == 0 else (0, False)
+            if idle[0] >= idle[1] and limit:  # as choose() probes: the text may have turned (a copy in a chat)
+                k, idle[0], idle[2] = 1, 0, True
+            lengths[name] = k
         return lengths
 
     def horizon(self, room: int, done: int | None) -> int:
@@ -263,8 +271,15 @@ class DraftController:
         if k and draft_seconds is not None:
             self.drafts.learn(k, draft_seconds)
         if source and drafted:
-            acceptance, drafts = self.parts.setdefault(source, (Acceptance(self.k_max), DraftCosts()))
+            if source not in self.parts:
+                self.parts[source] = (Acceptance(self.k_max), DraftCosts())
+                if source in self.part_records:
+                    self.parts[source][0].expect(self.part_records[source])
+            acceptance, drafts = self.parts[source]
             acceptance.learn(drafted, accepted, keep_record=True)
+            idle = self.part_idle.get(source)
+            if idle and idle[2]:  # a probe: nothing accepted doubles the wait
+                idle[1], idle[2] = self.probe_every if accepted else min(2 * idle[1], MAX_PROBE_WAIT), False
             if draft_seconds is not None:
                 drafts.learn(source_k or k, draft_seconds)
         self.full = drafted if drafted and accepted == drafted else 0

@@ -101,7 +101,9 @@ class Speculator:
             if self.strategy is None:
                 raise VkdflashError("its factory returned nothing")
             self.capture, self.expected, longest = declared(self.strategy, model.hp.n_layer)
-            self.parts = [p.name for p in self.strategy.parts] if isinstance(self.strategy, Cascade) else []
+            if isinstance(self.strategy, Cascade):
+                self.parts = [p.name for p in self.strategy.parts]
+                self.control.part_records = {p.name: p.expected for p in self.strategy.parts if p.expected is not None}
         except Exception as exc:  # noqa: BLE001 -- one line, never a plugin's traceback
             self._drop_strategy()  # what it made so far is freed now, not when the process ends
             self.ctx.close()
