@@ -142,3 +142,11 @@ def test_stats_count_acceptance_per_part():
                                         "mtp": {"verify_steps": 2, "drafted": 4, "accepted": 1, "tau": 1.5}}
     assert "by part ngram 1 steps tau 5.00, mtp 2 steps tau 1.50" in s.line()
     assert SpecStats().as_dict()["by_source"] is None
+
+
+def test_the_built_in_strategies_that_run_no_model_lead_the_default(fresh_plugins, monkeypatch):
+    from vkdflash import plugins
+    assert plugins.model_free() == ["ngram"]  # dflash, mtp and draft claim or ship draft files
+    monkeypatch.setenv("VKDFLASH_PLUGINS", "mtp,dflash")
+    plugins.reset()
+    assert plugins.model_free() == []

@@ -159,6 +159,7 @@ def test_default_speculation_follows_the_measured_speedup_and_dflash_needs_no_md
         assert "speculation off by default" in caplog.text and re.search(r"dflash \d\.\d\dx", caplog.text)
     elif DEVICES[0].device_type == "cpu":
         assert f"speculation on by default: {paying[0]}" in caplog.text
+        assert "led by ngram" in caplog.text and f"spec ngram+{paying[0]} " in auto.output  # the copy goes first
         assert re.search(r"\d\.\d\dx plain decoding in bench spec on a CPU", caplog.text)  # what qualified it
     else:
         assert "speculation on by default" in caplog.text and "cost-aware length" in caplog.text

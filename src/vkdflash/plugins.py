@@ -287,6 +287,16 @@ def lookup(name: str) -> Registered:
     raise VkdflashError(f"unknown speculative strategy {name[:40]!r}; available: {', '.join(['none', *sorted(found)])}")
 
 
+def model_free() -> list[str]:
+    """Built-in strategies that run no model (their plugin neither claims draft files nor ships
+    drafts: ngram's lookup of earlier text). Asking one costs next to nothing, so they lead the
+    default cascade (cli_spec.SpecRequest.resolve_for)."""
+    pm, found = manager(), strategies()
+    modelled = {impl.plugin_name for hook in (pm.hook.claim_draft_file, pm.hook.shipped_drafts)
+                for impl in hook.get_hookimpls()}
+    return sorted(n for n, r in found.items() if r.plugin in _builtin and r.plugin not in modelled)
+
+
 def draft_takers() -> list[str]:
     """The strategies a -md file can go to: those of the plugins that claim draft files."""
     claimers = {impl.plugin_name for impl in manager().hook.claim_draft_file.get_hookimpls()}
