@@ -8,7 +8,8 @@ benchmarks/<device>.json (lavapipe: <device>-<cpu>.json), so a later change can 
 Figures (each from one `vkdflash bench` run): decode/prefill tok/s, the kernel-family profile
 and the verify cost curve; ngram on code that repeats itself and a random DFlash draft, each
 cost-aware and --draft-fixed, and the shipped DFlash draft and MTP head cost-aware (the default
-prompt), each next to plain decoding (128 tokens, alternated 5 times, medians: on a shared VM
+prompt), alone and led by ngram (cascades; ngram+mtp is the default on the default model), each
+next to plain decoding (128 tokens, alternated 5 times, medians: on a shared VM
 one pair of runs moves by +-5%)."""
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def spec_figures(report: dict) -> dict:
     return {"plain_tps": report["none_tps"], "spec_tps": report["spec_tps"], "speedup": report["speedup"],
             "speedups": report["speedups"],
             "identical_output": report["identical_output"], "drafted": s["drafted"], "accepted": s["accepted"],
-            "tau": s["tau"], "mean_k": (s["draft_length"] or {}).get("mean_k")}
+            "tau": s["tau"], "mean_k": (s["draft_length"] or {}).get("mean_k"), "by_part": s.get("by_source")}
 
 
 def cpu_model() -> str:
@@ -83,7 +84,10 @@ def main() -> None:
                                  n_head=9, n_head_kv=3, head_dim=64, n_ff=1536))
         runs = {"ngram_repeating_code": (["--spec", "ngram", "--draft-max", "16", "-p", REPEATING_CODE], True),
                 "random_dflash": (["-md", draft, "--draft-max", "15"], True),
-                "shipped_dflash": (["--spec", "dflash"], False), "shipped_mtp": (["--spec", "mtp"], False)}
+                "shipped_dflash": (["--spec", "dflash"], False), "shipped_mtp": (["--spec", "mtp"], False),
+                # the default on the default model: the copy first, then the head (a cascade)
+                "ngram_then_mtp": (["--spec", "ngram+mtp"], False),
+                "ngram_then_dflash": (["--spec", "ngram+dflash"], False)}
         for name, (args, with_fixed) in runs.items():
             for mode in ("cost-aware", "fixed") if with_fixed else ("cost-aware",):
                 extra = ["--draft-fixed"] if mode == "fixed" else []
