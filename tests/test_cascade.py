@@ -150,3 +150,23 @@ def test_the_built_in_strategies_that_run_no_model_lead_the_default(fresh_plugin
     monkeypatch.setenv("VKDFLASH_PLUGINS", "mtp,dflash")
     plugins.reset()
     assert plugins.model_free() == []
+
+
+def test_the_watchdog_judges_the_part_whose_record_it_is(caplog):
+    import logging
+
+    from vkdflash.spec.watchdog import WATCH_STEPS, Watchdog
+    ctx = SimpleNamespace(options=StrategyOptions(), temperature=0.0)
+    s = SpecStats(strategy="ngram+mtp")
+    for _ in range(WATCH_STEPS):
+        s.record(4, 0, "ngram")  # the copy misses: not the head's fault
+        s.record(2, 1, "mtp")
+    dog = Watchdog()
+    with caplog.at_level(logging.WARNING, logger="vkdflash"):
+        dog.watch(0.5, s, ctx, "mtp")
+        assert not caplog.text
+        Watchdog().watch(0.5, s, ctx)  # the whole cascade's a_1 (0.5 of the steps): also fine
+        for _ in range(8 * WATCH_STEPS):
+            s.record(2, 0, "mtp")
+        dog.watch(0.5, s, ctx, "mtp")
+    assert "mtp: first-draft acceptance 0.11 after 216 steps is far below the 0.50" in caplog.text

@@ -95,7 +95,7 @@ class Speculator:
         self._off = ""  # why the strategy sits out the rest of this request (_disable)
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
-        self.strategy, self.parts = None, []  # parts: a cascade's names
+        self.strategy, self.parts, self.recorded_part = None, [], ""  # a cascade's part names, its recorded one
         try:  # a start that fails is the user's error (a bad draft file or option): said once, as the error
             self.strategy = factory(self.ctx)
             if self.strategy is None:
@@ -104,6 +104,8 @@ class Speculator:
             if isinstance(self.strategy, Cascade):
                 self.parts = [p.name for p in self.strategy.parts]
                 self.control.part_records = {p.name: p.expected for p in self.strategy.parts if p.expected is not None}
+                if self.control.part_records:  # the watchdog judges the part whose record prices the cascade
+                    self.recorded_part = max(self.control.part_records, key=self.control.part_records.get)
         except Exception as exc:  # noqa: BLE001 -- one line, never a plugin's traceback
             self._drop_strategy()  # what it made so far is freed now, not when the process ends
             self.ctx.close()
@@ -241,7 +243,7 @@ class Speculator:
                       else verify(prop.tokens, out.logits, sampler, prop.probs))
             cache.truncate(pos + 1 + n)
             self.stats.record(len(prop.tokens), n, prop.source)
-            self.watchdog.watch(self.expected if self._active else None, self.stats, self.ctx)
+            self.watchdog.watch(self.expected if self._active else None, self.stats, self.ctx, self.recorded_part)
             disowned = self.control.acceptance.disowned
             self.control.update(drafting, len(prop.tokens), n, t2 - t1 if warm else None, t1 - t0 if typical else None,
                                 prop.source, lengths.get(prop.source, drafting))

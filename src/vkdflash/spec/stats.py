@@ -17,14 +17,15 @@ class SpecStats:
     inject_seconds: float = 0.0
     disabled: str = ""          # why the strategy is off: for good, or in the latest request (engine._disable)
     draft_length: dict = field(default_factory=dict)  # DraftController.summary(): mean k chosen, and why
-    by_source: dict = field(default_factory=dict)  # a cascade's part -> [steps, drafted, accepted]
+    by_source: dict = field(default_factory=dict)  # a cascade's part -> [steps, drafted, accepted, first accepted]
 
     def record(self, n_drafted: int, n_accepted: int, source: str = "") -> None:
         if n_drafted == 0:
             return
         if source:
-            counts = self.by_source.setdefault(source, [0, 0, 0])
-            counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + n_drafted, counts[2] + n_accepted
+            counts = self.by_source.setdefault(source, [0, 0, 0, 0])
+            for i, add in enumerate((1, n_drafted, n_accepted, n_accepted > 0)):
+                counts[i] += add
         self.steps += 1
         self.drafted += n_drafted
         self.accepted += n_accepted
@@ -50,7 +51,7 @@ class SpecStats:
                 "seconds": {"verify": self.verify_seconds, "draft": self.draft_seconds, "inject": self.inject_seconds},
                 "disabled": self.disabled or None, "draft_length": self.draft_length or None,
                 "by_source": {name: {"verify_steps": st, "drafted": d, "accepted": a, "tau": 1.0 + a / st}
-                              for name, (st, d, a) in self.by_source.items()} or None}
+                              for name, (st, d, a, _) in self.by_source.items()} or None}
 
     def line(self) -> str:
         text = f"spec {self.strategy} (draft max {self.draft_max}): drafted {self.drafted}, "
@@ -62,7 +63,7 @@ class SpecStats:
             text += "so no acceptance to report, "
         if self.by_source:
             text += "by part " + ", ".join(f"{name} {st} steps tau {1 + a / st:.2f}"
-                                           for name, (st, _, a) in self.by_source.items()) + ", "
+                                           for name, (st, _, a, _) in self.by_source.items()) + ", "
         text += (f"time verify {self.verify_seconds:.2f}s draft {self.draft_seconds:.2f}s "
                  f"inject {self.inject_seconds:.2f}s")
         d = self.draft_length

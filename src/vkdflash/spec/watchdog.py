@@ -20,15 +20,18 @@ class Watchdog:
     def __init__(self):
         self.warned = False  # once a speculator's life, judged over its stats'
 
-    def watch(self, expected: float | None, stats, ctx) -> None:
-        """After a step: warn once where the live a_1 is far below `expected` (the record's a_1)."""
-        if self.warned or not expected or stats.steps < WATCH_STEPS:
+    def watch(self, expected: float | None, stats, ctx, part: str = "") -> None:
+        """After a step: warn once where the live a_1 is far below `expected` (the record's a_1);
+        in a cascade, the a_1 of the `part` whose record it is (a copy's misses are not the draft's)."""
+        steps, first = (stats.steps, stats.per_position[0] if stats.per_position else 0) if not part \
+            else (lambda c: (c[0], c[3]))(stats.by_source.get(part, [0, 0, 0, 0]))
+        if self.warned or not expected or steps < WATCH_STEPS:
             return
-        live = stats.per_position[0] / stats.steps
+        live = first / steps
         if live < WATCH_RATIO * expected:
             self.warned = True
             log.warning("%s: first-draft acceptance %.2f after %d steps is far below the %.2f this draft measured "
-                        "on its suite; %s", stats.strategy, live, stats.steps, expected, suspects(ctx))
+                        "on its suite; %s", part or stats.strategy, live, steps, expected, suspects(ctx))
 
     def short_of_record(self, acceptance, ctx) -> str:
         """For a strategy switched off after its first drafts contradicted the draft's record (the
