@@ -23,8 +23,16 @@ python=${PYTHON:-python3}
 if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
     "$python" -m venv --clear .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+# installed already for this pyproject.toml (the stamp): nothing to fetch, so a second run works offline
+stamp=.venv/.vkdflash-setup
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && .venv/bin/python -c "import vkdflash" 2>/dev/null; then
+    echo "setup: .venv already holds vkdflash for this pyproject.toml"
+else
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+    .venv/bin/python -m pip install -q -e '.[test]'
+    echo "$want" > "$stamp"
+fi
 echo "setup: done; vkdflash is .venv/bin/vkdflash"
 
 if [ "${1:-}" != "--no-run" ]; then

@@ -19,6 +19,7 @@ def test_setup_remakes_a_venv_without_pip(tmp_path):
     repo, bin_ = tmp_path / "repo", tmp_path / "bin"
     repo.mkdir(), bin_.mkdir()
     shutil.copy(ROOT / "setup.sh", repo / "setup.sh")
+    (repo / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     log = tmp_path / "log"
     _exe(bin_ / "dpkg-query", "printf 'install ok installed'\n")          # every apt package present
     good_python = f'echo "$@" >> {log}\nexit 0\n'
@@ -38,3 +39,9 @@ def test_setup_remakes_a_venv_without_pip(tmp_path):
                           capture_output=True, text=True, timeout=60)   # a second run: the venv is kept
     assert done.returncode == 0, done.stderr
     assert log.read_text().count("venv -m venv") == 1
+    assert log.read_text().count("pip install -q -e") == 1  # installed for this pyproject.toml: offline works
+    (repo / "pyproject.toml").write_text("[project]\nname = 'x'\ndependencies = ['y']\n")
+    done = subprocess.run(["bash", str(repo / "setup.sh"), "--no-run"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)   # a changed project installs again
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().count("pip install -q -e") == 2
