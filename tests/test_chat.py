@@ -83,6 +83,17 @@ def test_hf_environment_features():
     assert t.render(msgs, extra="!") == "<s>2</s>!"
 
 
+def test_generation_blocks_render_their_body():
+    """Templates written for training (SmolLM3, some Qwen ones) mark the assistant's text with
+    Hugging Face's {% generation %} tag; it was a syntax error here."""
+    source = ("{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}A:{{ m.content }}"
+              "{% endgeneration %}{% else %}U:{{ m.content }}{% endif %}\n{% endfor %}")
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert ChatTemplate(source).render(msgs) == "U:hiA:yo"  # trim_blocks drops the newline after a tag
+    with pytest.raises(VkdflashError, match="endgeneration"):
+        ChatTemplate("{% generation %}x")
+
+
 def test_tools_and_documents_are_none_unless_given():
     """Hugging Face renders with tools=None, documents=None (llama.cpp's engine reads unset variables as
     none): `tools is not none` was true for an undefined variable and wrote a tools section."""

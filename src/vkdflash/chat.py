@@ -1,12 +1,14 @@
 """Chat prompts from the GGUF's tokenizer.chat_template, rendered like Hugging Face / llama.cpp do:
 jinja2 in an immutable sandbox (bounded in time, size and work: sandbox.py), trim_blocks +
 lstrip_blocks, loop controls, raise_exception(), strftime_now(), a tojson filter that keeps
-non-ASCII, the special-token texts as variables."""
+non-ASCII, the special-token texts as variables, `{% generation %}` blocks."""
 from __future__ import annotations
 
 import json
 import logging
 from datetime import datetime
+
+from jinja2.ext import Extension
 
 from . import sandbox
 from .errors import VkdflashError
@@ -16,6 +18,16 @@ log = logging.getLogger("vkdflash")
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
           " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
           "{% endif %}")
+
+
+class _Generation(Extension):
+    """Hugging Face's `{% generation %}...{% endgeneration %}` (it marks the assistant's text for
+    training masks): rendered as its body, as transformers renders it."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
@@ -35,7 +47,7 @@ class ChatTemplate:
         if not isinstance(source, str):
             raise VkdflashError(f"{name} is not text but {type(source).__name__}")
         self._env = sandbox.BoundedEnvironment({"tojson": _tojson}, {"strftime_now": _strftime_now}, trim_blocks=True,
-                                               lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+                                               lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _Generation])
         self._template = sandbox.run(self._env, lambda: self._env.from_string(source), name)
 
     @classmethod
