@@ -124,6 +124,19 @@ def test_special_tokens(tiny):
         tiny.decode([10**6])
 
 
+def test_an_end_of_turn_text_typed_normal_is_a_control_token_as_in_llama_cpp(tmp_path):
+    """Some conversions type <|im_end|> / <|eot_id|> normal; llama.cpp overrides that to control, so a
+    chat template's end-of-turn text is that one token (here it was split into pieces and the
+    model never saw the turn end)."""
+    tokens, types, merges = F.vocab()
+    types = [1 if t == "<|im_end|>" else ty for t, ty in zip(tokens, types)]
+    p = F.write_model(tmp_path / "m.gguf", metadata={"tokenizer.ggml.token_type": (types, VT.ARRAY, VT.INT32)})
+    with GGUFFile(p) as gf:
+        t = Tokenizer(gf.metadata)
+    assert t.encode("hi<|im_end|>", add_special=False, parse_special=True) == t.encode("hi", add_special=False) + [2]
+    assert 2 in t.eog_ids and t.decode([2]) == ""  # and it prints as a control token does
+
+
 def test_bos_eos_rules(tmp_path):
     def tok(**md):
         p = F.write_model(tmp_path / "m.gguf", metadata=md)

@@ -8,12 +8,15 @@ ignore_merges and add_bos defaults, and its token_to_piece rules for decoding.
 from __future__ import annotations
 
 import codecs
+import logging
 from functools import lru_cache
 
 import numpy as np
 
 from .errors import VkdflashError, quote
 from .model.hparams import MAX_VOCAB
+
+log = logging.getLogger("vkdflash")
 
 # llama.cpp src/llama-vocab.cpp, llm_tokenizer_bpe: regexes per pre-tokenizer type
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -117,6 +120,14 @@ class Tokenizer:
         # the BPE silently drops a byte whose character is no token (llama.cpp does too), so encode
         # checks its output when some are missing (SmolLM2 lacks a few control and unused bytes)
         self._missing_bytes = frozenset(c for c in byte_chars() if c not in vocab)
+        # llama.cpp types an end-of-turn text control whatever the file says ("this is probably a bug in
+        # the model"), so a template's <|eot_id|> is that token, not the pieces of its text
+        for text in sorted(EOG_TEXTS):
+            i = vocab.get(text)
+            if i is not None and self.types[i] not in (CONTROL, USER_DEFINED, UNKNOWN):
+                log.info("token %d %s is an end-of-turn text typed %d: taken as a control token, as llama.cpp does",
+                         i, text, int(self.types[i]))
+                self.types[i] = CONTROL
         special = [i for i in range(n) if self.types[i] in (CONTROL, USER_DEFINED, UNKNOWN) and self.tokens[i]]
         self._special = sorted(special, key=lambda i: -len(self.tokens[i].encode("utf-8")))
         self.eog_ids = frozenset({i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
