@@ -40,6 +40,7 @@ def one_line_error(res, *words):
 def test_plugins_lists_each_strategys_options_and_aliases():
     res = run("plugins")
     assert res.exit_code == 0 and "--spec-opt ngram.n=<int>" in res.output and "(also draft-dflash)" in res.output
+    assert "--spec A+B (e.g. ngram+dflash): a cascade" in res.output
     listing = {p["name"]: p for p in json.loads(run("plugins", "--json").output)}
     assert listing["ngram"]["options"]["ngram"] == [
         {"key": "n", "type": "int", "default": 3, "help": listing["ngram"]["options"]["ngram"][0]["help"]}]
@@ -52,6 +53,8 @@ def test_a_spec_option_reaches_the_strategy_and_output_stays_identical(model):
         res = generate(model, "--spec", "ngram", "--spec-opt", f"ngram.n={n}")
         assert res.exit_code == 0, res.output
         assert res.stdout == plain.stdout
+    res = generate(model, "--spec", "ngram+ngram")
+    assert res.exit_code == 1 and "names ngram twice" in res.output
 
 
 @pytest.mark.parametrize("opt,words", [("ngram.x=1", ["no option 'x'", "n"]), ("ngram.n=abc", ["not a valid int"]),

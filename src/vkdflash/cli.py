@@ -229,7 +229,7 @@ def generate(prompt_arg, prompt, n_predict, temp, top_k, top_p, min_p, seed, sto
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def plugins(as_json: bool) -> None:
     """List loaded plugins (name, version, hooks) and the strategies they register."""
-    from .plugins import plugin_list, strategies
+    from .plugins import model_free, plugin_list, strategies
     found = strategies()
     listing = [dict(p, strategies=sorted(n for n, r in found.items() if r.plugin == p["name"]))
                for p in plugin_list()]
@@ -248,6 +248,11 @@ def plugins(as_json: bool) -> None:
         click.echo(f"  --spec {name}{also}: {r.description}")
         for o in r.options:
             click.echo(f"      --spec-opt {name}.{o.key}=<{o.type.__name__}>  {o.help} (default {o.default})")
+    if len(found) > 1:  # the example leads with a strategy that runs no model, as the default does
+        free = model_free()
+        a, b = sorted(found, key=lambda n: n not in free)[:2]
+        click.echo(f"  --spec A+B (e.g. {a}+{b}): a cascade: each step the drafts of the first that proposes; "
+                   "each part takes its own --spec-opt")
 
 
 from .cli_bench import bench  # noqa: E402 -- the bench group lives in its own module
