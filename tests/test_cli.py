@@ -106,6 +106,16 @@ def test_every_command_releases_the_device_it_opened(tmp_path, monkeypatch):
         assert made and all(c.device is None and not c._live and not c.pipelines for c in made), args
 
 
+def test_bench_spec_without_spec_measures_what_generate_would_run(tmp_path):
+    """No --spec: the default strategy (on the default model the shipped draft led by ngram); a model
+    with none is a one-line usage error, as --spec none is."""
+    from gguf_fixtures import write_model
+    path = str(write_model(tmp_path / "m.gguf", "llama", n_embd=128, n_ff=256, n_head=2, n_head_kv=1, head_dim=64))
+    for args, words in ((["-m", path], "no strategy runs by default here"), (["--spec", "none"], "name another")):
+        res = run("bench", "spec", "-n", "4", "-c", "64", "--reps", "1", *args)
+        assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output, res.output
+
+
 def test_inspect_recognises_a_dflash_draft(tmp_path):
     from dflash_fixtures import write_dflash
     from gguf_fixtures import write_model

@@ -135,11 +135,13 @@ def bench_spec(prompt, n_gen, json_path, reps, temp, seed, suite, suite_runs, su
     if suite_flags:
         raise click.UsageError(f"{', '.join(suite_flags)}: only with --suite default")
     n_gen = n_gen or 64
-    name = spec_request.resolve()
-    if name == "none":
-        raise click.UsageError("bench spec compares a strategy with --spec none: name it with --spec NAME "
-                               "(e.g. --spec ngram) or give -md DRAFT.gguf")
+    if spec_request.spec == "none":
+        raise click.UsageError("bench spec compares a strategy with --spec none: name another with --spec NAME")
     with open_model(model_path, n_ctx, ctk, ctv, no_kv_rotation, device) as (model, tok):
+        name = spec_request.resolve_for(model.mf, model.ctx.features.device_type)  # what generate would run
+        if name == "none":
+            raise click.UsageError("no strategy runs by default here (`-v` says why): name one with --spec NAME "
+                                   "(e.g. --spec ngram) or give -md DRAFT.gguf")
         make = lambda stats: build_speculator(model, spec_request, name, not no_kv_rotation, stats)  # noqa: E731
         report = bench_run(model, tok, prompt, n_gen, make, reps, temp, seed)
         emit_json(report, json_path)
