@@ -170,3 +170,11 @@ def test_the_watchdog_judges_the_part_whose_record_it_is(caplog):
             s.record(2, 0, "mtp")
         dog.watch(0.5, s, ctx, "mtp")
     assert "mtp: first-draft acceptance 0.11 after 216 steps is far below the 0.50" in caplog.text
+
+
+def test_the_suite_table_fits_a_cascades_name():
+    from vkdflash.suite import table
+    row = lambda name: {"strategy": name, "cache": "f16", "temp": 0.0, "draft_max": 2, "acceptance": 0.4,  # noqa: E731
+                        "tau": 1.8, "per_kind": {}, "decode_tps": 40.0, "speedup": 1.1, "per_position": [0.5, 0.2]}
+    lines = table({"runs": [row("mtp"), row("ngram+dflash")]}).splitlines()
+    assert len({len(line) for line in lines}) == 1 and lines[3].startswith("ngram+dflash f16")

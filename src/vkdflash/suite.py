@@ -93,7 +93,7 @@ def run(model, tokenizer, prompts, n_gen: int, sampler_for, speculator) -> dict:
     if speculator is not None:
         out.update(acceptance=st.acceptance_rate, tau=st.tau,
                    per_position=[round(a / st.steps, 3) if st.steps else 0.0 for a in st.per_position],
-                   disabled=st.disabled or None)
+                   disabled=st.disabled or None, by_part=st.as_dict()["by_source"])
         out["per_kind"] = {name: {"acceptance": _rate(k["accepted"], k["drafted"]),
                                   "tau": 1.0 + _rate(k["accepted"], k["steps"]) if k["steps"] else 0.0,
                                   "decode_tps": _rate(k["tokens"], k["seconds"])} for name, k in kinds.items()}
@@ -108,14 +108,15 @@ def _rate(a: float, b: float) -> float:
 
 def table(report: dict) -> str:
     """The suite's figures as a text table (one row per strategy x cache type x temperature)."""
-    head = (f"{'strategy':<8} {'cache':<7} {'T':>4} {'k':>3} {'accept':>7} {'tau':>5} {'code tau':>8} "
+    w = max([8] + [len(r["strategy"]) for r in report["runs"]])  # a cascade's name: ngram+dflash
+    head = (f"{'strategy':<{w}} {'cache':<7} {'T':>4} {'k':>3} {'accept':>7} {'tau':>5} {'code tau':>8} "
             f"{'chat tau':>8} {'story tau':>9} {'tok/s':>6} {'vs none':>7}")
     lines = [head, "-" * len(head)]
     for r in report["runs"]:
         pk = r.get("per_kind", {})
         taus = [f"{pk.get(kind, {}).get('tau', 0.0):>{w}.2f}" for kind, w in (("code", 8), ("chat", 8), ("story", 9))]
         k = len(r.get("per_position") or []) or r["draft_max"]  # what it drafted at most: a strategy may clamp
-        lines.append(f"{r['strategy']:<8} {r['cache']:<7} {r['temp']:>4.1f} {k:>3} "
+        lines.append(f"{r['strategy']:<{w}} {r['cache']:<7} {r['temp']:>4.1f} {k:>3} "
                      f"{r.get('acceptance', 0.0):>7.3f} {r.get('tau', 0.0):>5.2f} {' '.join(taus)} "
                      f"{r['decode_tps']:>6.1f} {r['speedup']:>6.2f}x"
                      + (f"  SWITCHED OFF: {r['disabled'][:60]}" if r.get("disabled") else ""))
