@@ -85,22 +85,38 @@ def test_declarations_combine_and_each_part_drafts_within_its_own_longest():
     assert bounded.longest_draft == 7
 
 
-def test_a_failing_part_is_named_and_a_failed_start_closes_the_parts_made():
+def test_a_failing_part_is_switched_off_alone_and_the_last_one_raises_naming_it(caplog):
     log, ctx = [], ctx_for()
-    c = cascade(ctx, log)
+    c = cascade(ctx, log, copy=[7])
     c.parts[1].strategy.propose = lambda *a: 1 / 0
-    with pytest.raises(VkdflashError, match="^model propose raised ZeroDivisionError"):
+    assert c.propose(ctx, 1, 3).tokens == [7]  # the first proposal asks both: the model fails, the copy goes on
+    assert [p.name for p in c.parts] == ["copy"] and ("model", "close") in log
+    assert "its part model switched off for good: model propose raised ZeroDivisionError" in caplog.text
+    c.commit(ctx)
+    c.parts[0].strategy.propose = lambda *a: Proposal([500])
+    with pytest.raises(VkdflashError, match="^copy proposed invalid tokens"):
         c.propose(ctx, 1, 3)
-    c.parts[1].strategy.propose = lambda *a: Proposal([500])
-    with pytest.raises(VkdflashError, match="^model proposed invalid tokens"):
-        c.propose(ctx, 1, 3)
+
+
+def test_a_failed_start_names_the_part_and_leaves_nothing_open():
+    log, ctx = [], ctx_for()
 
     def refuse(_):
         raise ValueError("no draft")
-    log.clear()
-    with pytest.raises(ValueError):
+    with pytest.raises(VkdflashError, match="^model: start raised ValueError: no draft"):
         Cascade(ctx, [("copy", lambda x: Part(x, [], log, "copy"), {}), ("model", refuse, {})])
     assert ("copy", "close") in log and ctx.options.settings == {"whole": 1}
+    log.clear()
+    with pytest.raises(VkdflashError, match=r"^model: capture_layers must be .* not \(99,\)"):
+        cascade(ctx, log, capture=(99,))
+    assert ("model", "close") in log and ("copy", "close") in log  # the part made, then refused, is closed
+
+    def busy_copy(x):
+        part = Part(x, [], log, "copy")
+        part.close = lambda: 1 / 0
+        return part
+    with pytest.raises(VkdflashError, match="no draft"):  # a part failing to close hides nothing
+        Cascade(ctx, [("copy", busy_copy, {}), ("model", refuse, {})])
 
 
 def test_names_resolve_to_registered_parts_or_one_line_errors():

@@ -711,7 +711,7 @@ def test_a_cascades_parts_each_get_the_length_their_own_acceptance_pays():
     lengths = c.part_lengths(64)
     assert lengths["copy"] >= 4 and lengths["head"] <= 2 and lengths["copy"] > c.choose(64)
     for part in c.parts:
-        rates = c.rates(8, part=c.parts[part])
+        rates = c.rates(8, part=(c.parts[part].acceptance, c.parts[part].drafts))
         assert lengths[part] == int(np.argmax(rates)), part
     assert DraftController(8, CPU, fixed=True).part_lengths(64) == {}  # a fixed length is every part's
 
@@ -728,3 +728,32 @@ def test_a_cascade_part_held_at_length_0_is_probed_and_waits_longer_after_a_miss
         waits.append(steps)
         c.update(1, 1, 0, CPU[2], 0.0, "copy", 1)
     assert waits == [8, 16, 32]
+
+
+def test_a_cascade_part_is_priced_from_its_own_record_and_costs_and_loses_a_record_the_run_contradicts():
+    """The head's record and proposal costs price its part (a bare part priced its drafts free); a
+    run that contradicts its record drops it there, as for a lone strategy; the copy's misses never
+    drop the cascade's own record (the head's)."""
+    c = DraftController(8, CPU)
+    c.acceptance.expect(0.43)
+    c.part_priors = {"dflash": (0.43, {1: 0.004, 4: 0.006}), "copy": (None, {})}
+    c.update(1, 1, 0, CPU[2], None, "dflash", 1)
+    head = c.parts["dflash"]
+    assert head.acceptance.record == 0.43 and head.drafts.cost(4) == pytest.approx(0.006)
+    r = np.random.default_rng(1)
+    for _ in range(60):
+        c.update(1, 1, int(r.random() < 0.1), CPU[2], 0.004, "dflash", 1)
+        c.update(4, 4, 0, CPU[4], 0.0, "copy", 4)
+    assert head.acceptance.record is None and "first drafts accepted" in head.acceptance.disowned
+    assert c.acceptance.record == 0.43  # the whole's is judged through its part, not by the copy's misses
+
+
+def test_a_cascade_part_probes_a_compiled_length():
+    """A part held at 0 probes as choose() does: not a length whose pass would compile (a 2-row
+    pass, ~1.6 s on lavapipe, in a 40-token run)."""
+    c = DraftController(8, CPU)
+    for _ in range(40):
+        c.update(4, 4, 0, CPU[4], 0.0, "copy", 4)
+    setup = lambda rows: 1.6 if rows == 2 else 0.0  # noqa: E731
+    probes = [k for k in (c.part_lengths(40, setup)["copy"] for _ in range(30)) if k]
+    assert probes and 1 not in probes

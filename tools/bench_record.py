@@ -52,7 +52,7 @@ def spec_figures(report: dict) -> dict:
     return {"plain_tps": report["none_tps"], "spec_tps": report["spec_tps"], "speedup": report["speedup"],
             "speedups": report["speedups"],
             "identical_output": report["identical_output"], "drafted": s["drafted"], "accepted": s["accepted"],
-            "tau": s["tau"], "mean_k": (s["draft_length"] or {}).get("mean_k"), "by_part": s.get("by_source")}
+            "tau": s["tau"], "mean_k": (s["draft_length"] or {}).get("mean_k"), "by_source": s.get("by_source")}
 
 
 def cpu_model() -> str:

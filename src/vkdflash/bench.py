@@ -147,6 +147,9 @@ class Sweep(DraftController):
         self.chosen.append(k)
         return k
 
+    def part_lengths(self, room: int, setup=None, done=None) -> dict:
+        return {}  # a cascade's parts sweep too
+
 
 SPEC_PROMPT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
                "def factorial(n):\n")

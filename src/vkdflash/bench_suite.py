@@ -68,7 +68,8 @@ def run_suite(model, tok, request, runs: Runs, n_prompts: int, n_gen: int, rotat
             for ct in runs.cache_types if temp == 0 else runs.cache_types[:1]:
                 req = dataclasses.replace(request, spec=name, draft_max=k, ctkd=ct, ctvd=ct, draft_fixed=True)
                 try:
-                    spec = build_speculator(model, req, req.resolve(), rotate, SpecStats())
+                    spelled = req.resolve()  # as registered: ngram+draft-mtp is ngram+mtp
+                    spec = build_speculator(model, req, spelled, rotate, SpecStats())
                 except VkdflashError as exc:
                     skip = {"strategy": name, "why": str(exc)}
                     if skip not in report["skipped"]:  # each temperature meets the same failure
@@ -80,10 +81,10 @@ def run_suite(model, tok, request, runs: Runs, n_prompts: int, n_gen: int, rotat
                     has_cache = bool(spec.ctx.cache_names)
                 finally:
                     spec.close()
-                r.update(strategy=name, cache=ct if has_cache else "-", temp=temp, draft_max=k,
+                r.update(strategy=spelled, cache=ct if has_cache else "-", temp=temp, draft_max=k,
                          speedup=r["decode_tps"] / plain["decode_tps"] if plain["decode_tps"] else 0.0)
                 report["runs"].append(r)
-                log.info("suite: %s cache %s T %.1f: acceptance %.3f, tau %.2f, %.1f tok/s", name, r["cache"], temp,
+                log.info("suite: %s cache %s T %.1f: acceptance %.3f, tau %.2f, %.1f tok/s", spelled, r["cache"], temp,
                          r["acceptance"], r["tau"], r["decode_tps"])
                 if not has_cache:
                     break  # no draft cache: the cache type changes nothing

@@ -93,7 +93,7 @@ def run(model, tokenizer, prompts, n_gen: int, sampler_for, speculator) -> dict:
     if speculator is not None:
         out.update(acceptance=st.acceptance_rate, tau=st.tau,
                    per_position=[round(a / st.steps, 3) if st.steps else 0.0 for a in st.per_position],
-                   disabled=st.disabled or None, by_part=st.as_dict()["by_source"])
+                   disabled=st.disabled or None, by_source=st.as_dict()["by_source"])
         out["per_kind"] = {name: {"acceptance": _rate(k["accepted"], k["drafted"]),
                                   "tau": 1.0 + _rate(k["accepted"], k["steps"]) if k["steps"] else 0.0,
                                   "decode_tps": _rate(k["tokens"], k["seconds"])} for name, k in kinds.items()}

@@ -6,16 +6,19 @@ repeat, and right on most steps where it finds a match; a draft model proposes e
 a lower acceptance. On the suite's code prompts half the steps continue earlier text (docs/
 design.md 11): there the copy drafts further than the model would, elsewhere the model drafts.
 Every part sees every begin and commit (a draft model's cache needs every position), as its
-own options (`--spec-opt ngram.n=4` goes to ngram); only the proposing part's propose() runs,
-as when the draft-length controller asks a lone strategy for nothing."""
+own options (`--spec-opt ngram.n=4` goes to ngram); the parts after the proposing one are not
+asked, as when the draft-length controller asks a lone strategy for nothing. A part that fails
+is switched off alone."""
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 from ..errors import VkdflashError
-from .strategy import InvalidProposal, Proposal, Strategy, checked_proposal, declared
+from .strategy import Proposal, Strategy, checked_proposal, declared
 
+log = logging.getLogger("vkdflash")
 SEP = "+"
 
 
@@ -54,20 +57,13 @@ class Cascade(Strategy):
         self.parts: list[_Part] = []
         self.warm = False  # every part has proposed once
         self.lengths: dict[str, int] = {}  # the engine's draft length per part this step (none given: max_n)
-        n_layer, base = ctx.target.hparams.n_layer, ctx.options
+        self.title = SEP.join(name for name, _, _ in parts)
         try:
             for name, factory, settings in parts:
-                options = dataclasses.replace(base, settings=settings)
-                ctx.options = options
-                strategy = factory(ctx)
-                if strategy is None:
-                    raise VkdflashError(f"{name}: its factory returned nothing")
-                self.parts.append(_Part(name, strategy, options, *declared(strategy, n_layer)))
+                self.parts.append(_Part.start(ctx, name, factory, settings))
         except BaseException:
-            self.close()
+            self._close_quietly()
             raise
-        finally:
-            ctx.options = base
         self.capture_layers = tuple(sorted({c for p in self.parts for c in p.capture}))
         expected = [p.expected for p in self.parts if p.expected is not None]
         # the controller's first guess: the best part's record (a copy it then finds only adds to it)
@@ -76,34 +72,54 @@ class Cascade(Strategy):
         self.longest_draft = None if None in longest else max(longest)
 
     def begin(self, ctx) -> None:
-        for part in self.parts:
-            part.call(ctx, "begin", lambda p=part: p.strategy.begin(ctx))
+        for part in list(self.parts):
+            self._each(ctx, part, "begin", lambda p=part: p.strategy.begin(ctx))
 
     def propose(self, ctx, last_token: int, max_n: int) -> Proposal:
+        """The first part's drafts that are not empty; the parts before it were asked and had none,
+        the parts after it are not asked (on the first proposal they are: its time is what the
+        cascade's first use costs, a draft model's kernels compiling, which the controller prices)."""
         chosen = Proposal([])
-        for part in self.parts:
+        for part in list(self.parts):
             n = min(self.lengths.get(part.name, max_n), max_n, part.longest or max_n)
             if n <= 0:
                 continue
-            prop = part.call(ctx, "propose", lambda p=part: p.strategy.propose(ctx, last_token, n))
-            try:
-                prop = checked_proposal(prop, n, ctx.target.n_vocab)
-            except InvalidProposal as exc:
-                raise InvalidProposal(f"{part.name} {exc}") from None
-            if prop.tokens and not chosen.tokens:
+            prop = self._each(ctx, part, "propose",
+                              lambda p=part: checked_proposal(p.strategy.propose(ctx, last_token, n), n,
+                                                              ctx.target.n_vocab))
+            if prop is not None and prop.tokens and not chosen.tokens:
                 chosen = Proposal(prop.tokens, prop.probs, part.name)
-            # the first proposal asks every part: its time is what the cascade's first use costs
-            # (a draft model's kernels compile then), which the controller prices as a compile
             if chosen.tokens and self.warm:
                 break
         self.warm = True
         return chosen
 
     def commit(self, ctx) -> None:
-        for part in self.parts:
-            part.call(ctx, "commit", lambda p=part: p.strategy.commit(ctx))
+        for part in list(self.parts):
+            self._each(ctx, part, "commit", lambda p=part: p.strategy.commit(ctx))
+
+    def _each(self, ctx, part, what: str, fn):
+        """fn() for one part; a part that fails is switched off for good (one line) and the others go
+        on: an MTP head that raises should not take the free copy with it. With none left it raises."""
+        try:
+            return part.call(ctx, what, fn)
+        except VkdflashError as exc:
+            self.parts.remove(part)
+            if not self.parts:
+                raise
+            log.warning("strategy %s: its part %s switched off for good: %s", self.title, part.name, exc)
+            try:
+                part.strategy.close()
+            except Exception:  # noqa: BLE001 -- it is off either way
+                pass
+        return None
 
     def close(self) -> None:
+        errors = self._close_quietly()
+        if errors:
+            raise RuntimeError("; ".join(errors))
+
+    def _close_quietly(self) -> list[str]:
         errors = []
         for part in self.parts:
             try:
@@ -111,8 +127,7 @@ class Cascade(Strategy):
             except Exception as exc:  # noqa: BLE001 -- the others still close
                 errors.append(f"{part.name}: {exc}")
         self.parts = []
-        if errors:
-            raise RuntimeError("; ".join(errors))
+        return errors
 
 
 @dataclasses.dataclass
@@ -124,15 +139,40 @@ class _Part:
     expected: float | None
     longest: int | None
 
+    @classmethod
+    def start(cls, ctx, name: str, factory, settings) -> "_Part":
+        """The part's strategy, made with its own options and its declarations checked; a failure
+        names the part and leaves nothing open."""
+        base = ctx.options
+        ctx.options = options = dataclasses.replace(base, settings=settings)
+        strategy = None
+        try:
+            strategy = factory(ctx)
+            if strategy is None:
+                raise VkdflashError("its factory returned nothing")
+            return cls(name, strategy, options, *declared(strategy, ctx.target.hparams.n_layer))
+        except Exception as exc:  # noqa: BLE001 -- one line naming the part
+            if strategy is not None:
+                try:
+                    strategy.close()
+                except Exception:  # noqa: BLE001 -- the start's own error is the one to say
+                    pass
+            raise VkdflashError(f"{name}: {_words('start', exc)}") from None
+        finally:
+            ctx.options = base
+
     def call(self, ctx, what: str, fn):
-        """fn() with this part's options in ctx; what it raises names the part."""
+        """fn() with this part's options in ctx; what it raises, in one line naming the part."""
         base, ctx.options = ctx.options, self.options
         try:
             return fn()
-        except VkdflashError as exc:
-            raise VkdflashError(f"{self.name}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 -- one line naming the part, as the engine words a strategy's
-            raise VkdflashError(f"{self.name} {what} raised {type(exc).__name__}: "
-                                f"{' '.join(str(exc).split())[:200]}") from None
+            raise VkdflashError(f"{self.name} {_words(what, exc)}") from None
         finally:
             ctx.options = base
+
+
+def _words(what: str, exc: Exception) -> str:
+    if isinstance(exc, VkdflashError):
+        return str(exc)
+    return f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"

@@ -71,17 +71,15 @@ class DraftController:
         self.total = np.zeros(2, int)  # drafted, accepted in this request
         self.held = 0  # steps that drafted less than the rate asked: the run would not repay a compile
         self.shadows, self.shadow = Shadow(), 0  # drafts proposed and not verified (shadow.py); this step's
-        self.parts: dict[str, tuple[Acceptance, DraftCosts]] = {}  # a cascade's parts (Proposal.source), as seen
-        self.part_idle: dict[str, list] = {}  # per part: steps at length 0, steps before a probe, probing now
-        self.part_records: dict[str, float] = {}  # a part's a_1 on its draft's record (its acceptance's prior)
+        self.parts: dict[str, Part] = {}  # a cascade's parts (Proposal.source), as seen
+        self.part_priors: dict[str, tuple] = {}  # part -> (a_1 on its draft's record or None, {k: proposal seconds})
 
     # -- the model -----------------------------------------------------------------
     def new_request(self) -> None:
         """Forget what the last request's text taught; keep what the device's costs did."""
         self.acceptance.reset()
-        for acceptance, _ in self.parts.values():
-            acceptance.reset()
-        self.part_idle = {}
+        for part in self.parts.values():
+            part.new_request(self.probe_every)
         self.served += self.steps + int(self.total[1])
         self.shadows.new_request()
         self.full, self.idle, self.wait, self.probing, self.steps = 0, 0, self.probe_every, False, 0
@@ -213,18 +211,22 @@ class DraftController:
         """A cascade's draft length per part it has seen propose, each priced at that part's own
         acceptance and proposal cost as choose() prices the strategy's (compiles weighed over the
         same horizon): a copy right on 88% of its drafts was held at the head's k ~1 (the default
-        bench prompt, ngram+mtp). A part not yet seen drafts choose()'s k."""
+        bench prompt, ngram+mtp). A part not yet seen drafts choose()'s k. A part held at 0 probes
+        as choose() does: a length whose pass is compiled, the best at its record."""
         if self.fixed or self.unmeasured or not self.parts:
             return {}
         horizon, setup, limit = self.horizon(room, done), setup or (lambda rows: 0.0), min(self.k_max, room)
         lengths = {}
         for name, part in self.parts.items():
-            rates = self.rates(limit, part=part)
+            rates = self.rates(limit, part=(part.acceptance, part.drafts))
             k = min(range(limit + 1), key=lambda j: horizon / rates[j] + (setup(j + 1) if j else 0.0))
-            idle = self.part_idle.setdefault(name, [0, self.probe_every, False])
-            idle[0], idle[2] = (idle[0] + 1, False) if k == 0 else (0, False)
-            if idle[0] >= idle[1] and limit:  # as choose() probes: the text may have turned (a copy in a chat)
-                k, idle[0], idle[2] = 1, 0, True
+            part.idle, part.probing = (part.idle + 1 if k == 0 else 0), False
+            if part.idle >= part.wait:  # the text may have turned (a copy in a chat answer)
+                cheap = [j for j in range(1, limit + 1)
+                         if setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * horizon * self.c_verify(1))]
+                at_record = self.rates(limit, np.zeros_like(part.acceptance.counts), part=(part.acceptance, part.drafts))
+                if cheap:
+                    k, part.idle, part.probing = max(cheap, key=lambda j: (at_record[j], -j)), 0, True
             lengths[name] = k
         return lengths
 
@@ -271,24 +273,22 @@ class DraftController:
         if k and draft_seconds is not None:
             self.drafts.learn(k, draft_seconds)
         if source and drafted:
-            if source not in self.parts:
-                self.parts[source] = (Acceptance(self.k_max), DraftCosts())
-                if source in self.part_records:
-                    self.parts[source][0].expect(self.part_records[source])
-            acceptance, drafts = self.parts[source]
-            acceptance.learn(drafted, accepted, keep_record=True)
-            idle = self.part_idle.get(source)
-            if idle and idle[2]:  # a probe: nothing accepted doubles the wait
-                idle[1], idle[2] = self.probe_every if accepted else min(2 * idle[1], MAX_PROBE_WAIT), False
+            part = self.parts.get(source)
+            if part is None:
+                part = self.parts[source] = Part(self.k_max, self.probe_every, *self.part_priors.get(source, (None, {})))
+            part.acceptance.learn(drafted, accepted, keep_record=self.fixed)
+            if part.probing:  # nothing accepted doubles the wait
+                part.wait, part.probing = self.probe_every if accepted else min(2 * part.wait, MAX_PROBE_WAIT), False
             if draft_seconds is not None:
-                drafts.learn(source_k or k, draft_seconds)
+                part.drafts.learn(source_k or k, draft_seconds)
         self.full = drafted if drafted and accepted == drafted else 0
         self.total += (drafted, accepted)
         self.steps += 1
         if self.probing:
             self.wait = self.probe_every if accepted else min(2 * self.wait, MAX_PROBE_WAIT)
             self.probing = False
-        self.acceptance.learn(drafted, accepted, keep_record=self.fixed)
+        # a cascade's record is its drafting part's, judged there: the copy's misses must not drop it
+        self.acceptance.learn(drafted, accepted, keep_record=self.fixed or bool(self.part_priors))
 
     def finish(self) -> None:
         """Hand what the run learned of the verify costs to `persist` (VerifyCosts.learned)."""
@@ -311,3 +311,19 @@ class DraftController:
                 "overhead_seconds": self.overhead,
                 "acceptance": [round(float(a), 3) for a in self.acceptance.estimate()],
                 "verify_seconds": {str(n): s for n, s in sorted(self.costs.verify.items())}}
+
+
+class Part:
+    """What the controller knows of one part of a cascade: its acceptance (from its draft's record,
+    dropped where the run contradicts it, as a strategy's), its proposals' costs, its probes."""
+
+    def __init__(self, k_max: int, probe_every: int, record: float | None, drafts: dict):
+        self.acceptance, self.drafts = Acceptance(k_max), DraftCosts()
+        if record is not None:
+            self.acceptance.expect(record)
+        self.drafts.prior(drafts)
+        self.idle, self.wait, self.probing = 0, probe_every, False
+
+    def new_request(self, probe_every: int) -> None:
+        self.acceptance.reset()
+        self.idle, self.wait, self.probing = 0, probe_every, False

@@ -153,7 +153,7 @@ class StrategyCosts:
         parts: a cascade's strategy names, whose first proposals price its own until it has one."""
         self.ctx, self.key = model.ctx, f"{_key(model)}|strategy {name}" + (f"|{file_id(draft)}" if draft else "")
         self.known = self._cached()  # as the file held it when the run began
-        self.parts = [StrategyCosts(model, part, draft) for part in parts]
+        self.parts = {part: StrategyCosts(model, part, draft) for part in parts}
 
     def _cached(self) -> dict:
         cached = load().get(self.key)
@@ -163,7 +163,7 @@ class StrategyCosts:
         if self.key in _proposed.get(self.ctx, ()):
             return 0.0
         own = _seconds(self.known.get("first"))
-        return own if own is not None else sum(part.first_seconds() for part in self.parts)
+        return own if own is not None else sum(part.first_seconds() for part in self.parts.values())
 
     def drafts(self) -> dict[int, float]:
         """Seconds of a proposal of k drafts, per k."""

@@ -96,16 +96,14 @@ class Speculator:
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
         self.strategy, self.parts, self.recorded_part = None, [], ""  # a cascade's part names, its recorded one
+        self._told: dict = {}  # a cascade part's dropped record, as last logged
         try:  # a start that fails is the user's error (a bad draft file or option): said once, as the error
             self.strategy = factory(self.ctx)
             if self.strategy is None:
                 raise VkdflashError("its factory returned nothing")
             self.capture, self.expected, longest = declared(self.strategy, model.hp.n_layer)
             if isinstance(self.strategy, Cascade):
-                self.parts = [p.name for p in self.strategy.parts]
-                self.control.part_records = {p.name: p.expected for p in self.strategy.parts if p.expected is not None}
-                if self.control.part_records:  # the watchdog judges the part whose record prices the cascade
-                    self.recorded_part = max(self.control.part_records, key=self.control.part_records.get)
+                self._cascade(self.strategy.parts)
         except Exception as exc:  # noqa: BLE001 -- one line, never a plugin's traceback
             self._drop_strategy()  # what it made so far is freed now, not when the process ends
             self.ctx.close()
@@ -152,6 +150,17 @@ class Speculator:
                     "this and later requests" if lasting else "this request", why)
         if lasting:
             self._drop_strategy()
+
+    def _cascade(self, parts) -> None:
+        """A cascade's parts: each priced from its own record and its proposals' costs as an earlier
+        run here timed them; the watchdog judges the part whose record prices the whole."""
+        self.parts = [p.name for p in parts]
+        costs = self.costs.parts if self.costs else {}
+        self.control.part_priors = {p.name: (p.expected, costs[p.name].drafts() if p.name in costs else {})
+                                    for p in parts}
+        records = {p.name: p.expected for p in parts if p.expected is not None}
+        if records:
+            self.recorded_part = max(records, key=records.get)
 
     def _drop_strategy(self) -> None:
         strategy, self.strategy = self.strategy, None
@@ -213,8 +222,9 @@ class Speculator:
             # a cascade's parts, each at its own length (a part not yet seen: max_n)
             lengths = self.control.part_lengths(room, setup, emitted) if self._active and self.parts else {}
             drafting = max([max_n, *lengths.values()])
-            if self.parts and self._active:  # a shadow step asks every part as it is
-                self.strategy.lengths = {name: lengths.get(name, max_n) for name in self.parts} if drafting else {}
+            asked = {name: lengths.get(name, max_n) for name in self.parts} if drafting else {}
+            if self.parts and self._active:  # a shadow step asks every part at the shadow's length
+                self.strategy.lengths = asked
             ask = drafting or (self.control.shadow if self._active else 0)  # a shadow: proposed, not verified
             t0, kernels = time.perf_counter(), len(model.ctx.pipelines)
             prop = self._propose(last, ask) if ask > 0 else Proposal([])
@@ -246,10 +256,14 @@ class Speculator:
             self.watchdog.watch(self.expected if self._active else None, self.stats, self.ctx, self.recorded_part)
             disowned = self.control.acceptance.disowned
             self.control.update(drafting, len(prop.tokens), n, t2 - t1 if warm else None, t1 - t0 if typical else None,
-                                prop.source, lengths.get(prop.source, drafting))
+                                prop.source, asked.get(prop.source, ask))
             self.control.committed(prop.tokens[:n] + [nxt])
             if self.control.acceptance.disowned != disowned:
                 log.info("%s: %s", self.stats.strategy, self.control.acceptance.disowned)
+            part = self.control.parts.get(prop.source)
+            if part is not None and part.acceptance.disowned and part.acceptance.disowned != self._told.get(prop.source):
+                self._told[prop.source] = part.acceptance.disowned
+                log.info("%s: %s", prop.source, part.acceptance.disowned)
             log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), max_n, n)
             if self._active:
                 self._committed(out, pos, 1 + n, [last] + prop.tokens[:n])
@@ -297,6 +311,9 @@ class Speculator:
         self.control.finish()
         if self.costs:
             self.costs.remember_drafts(self.control.drafts.learned())
+            for name, part in self.control.parts.items():
+                if name in self.costs.parts:
+                    self.costs.parts[name].remember_drafts(part.drafts.learned())
         if self.strategy is not None:
             self._guard("close", self.strategy.close)
         self.ctx.close()
