@@ -24,8 +24,8 @@ class Priced(DraftController):
     """Passes priced as on a GPU (2 rows cost 1.1 of 1), drafts and upkeep free, whatever this tiny
     model measures: its choices follow the acceptance alone."""
 
-    def update(self, k, drafted, accepted, verify_seconds, draft_seconds):
-        super().update(k, drafted, accepted, 0.01 + 0.001 * drafted, 0.0 if k else None)
+    def update(self, k, drafted, accepted, verify_seconds, draft_seconds, *part):
+        super().update(k, drafted, accepted, 0.01 + 0.001 * drafted, 0.0 if k else None, *part)
 
     def note_overhead(self, seconds):
         super().note_overhead(0.0)

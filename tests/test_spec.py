@@ -254,8 +254,8 @@ def test_the_cost_aware_length_stops_drafting_what_is_never_accepted(target):
 
     class LinearCosts(DraftController):
         """Verify cost grows with every row (a CPU device), whatever this tiny model measures."""
-        def update(self, k, drafted, accepted, verify_seconds, draft_seconds):
-            super().update(k, drafted, accepted, 0.01 * (drafted + 1), 0.0)
+        def update(self, k, drafted, accepted, verify_seconds, draft_seconds, *part):
+            super().update(k, drafted, accepted, 0.01 * (drafted + 1), 0.0, *part)
 
     model, tok = target
     runs = {}
@@ -311,8 +311,8 @@ def test_a_strategy_switched_off_against_its_record_says_what_may_be_wrong(targe
 
     class CheapVerify(DraftController):
         """A pass of 2 rows costs 1.1 of 1 (drafting at a_1 0.9 pays), whatever this model measures."""
-        def update(self, k, drafted, accepted, verify_seconds, draft_seconds):
-            super().update(k, drafted, accepted, 0.01 + 0.001 * drafted, 0.0001 if k else None)
+        def update(self, k, drafted, accepted, verify_seconds, draft_seconds, *part):
+            super().update(k, drafted, accepted, 0.01 + 0.001 * drafted, 0.0001 if k else None, *part)
 
     model, tok = target
     stats = SpecStats()
@@ -500,9 +500,9 @@ def test_a_strategys_first_proposals_of_a_shape_are_not_learned(target):
     from vkdflash.spec.engine import COLD_PROPOSALS
 
     class Logged(DraftController):
-        def update(self, k, drafted, accepted, verify_seconds, draft_seconds):
+        def update(self, k, drafted, accepted, verify_seconds, draft_seconds, *part):
             self.log.append(((k, drafted), draft_seconds is not None))
-            super().update(k, drafted, accepted, verify_seconds, draft_seconds)
+            super().update(k, drafted, accepted, verify_seconds, draft_seconds, *part)
 
     model, tok = target
     plain, _ = run(model, tok, n=40)
