@@ -62,6 +62,20 @@ def test_the_first_part_with_drafts_is_verified_and_named_and_the_first_proposal
     assert c.propose(ctx, 1, 2) == Proposal([])
 
 
+def test_the_parts_asked_that_proposed_nothing_are_named_in_order():
+    """The controller learns from them how often each part proposes when asked (a copy is silent
+    where the text does not repeat)."""
+    log, ctx = [], ctx_for()
+    c = cascade(ctx, log, copy=[])
+    assert c.propose(ctx, 1, 4).source == "model" and c.declined == ["copy"]
+    c.parts[0].strategy.drafts = [7]
+    assert c.propose(ctx, 1, 4).source == "copy" and c.declined == []
+    c.parts[0].strategy.drafts = c.parts[1].strategy.drafts = []
+    assert c.propose(ctx, 1, 4) == Proposal([]) and c.declined == ["copy", "model"]
+    c.lengths = {"copy": 0}  # a part held at length 0 is not asked, so it declined nothing
+    assert c.propose(ctx, 1, 4) == Proposal([]) and c.declined == ["model"]
+
+
 def test_every_part_sees_begin_and_commit_under_its_own_options_and_closes():
     log, ctx = [], ctx_for()
     c = cascade(ctx, log)

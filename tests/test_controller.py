@@ -757,3 +757,44 @@ def test_a_cascade_part_probes_a_compiled_length():
     setup = lambda rows: 1.6 if rows == 2 else 0.0  # noqa: E731
     probes = [k for k in (c.part_lengths(40, setup)["copy"] for _ in range(30)) if k]
     assert probes and 1 not in probes
+
+
+def test_a_strategy_that_proposes_on_a_third_of_the_steps_is_priced_by_the_steps_it_proposes_on():
+    """A lookup (ngram) silent where the text does not repeat: priced as if it drafted every step it
+    was asked, it bought a 4-row and a 2-row verify's compiles (1.7 s) in a 256-token chat story
+    where it proposed on a third of the steps (11.7 s against 9.2 s plain). A step it is silent on
+    runs plain decoding's pass, so when it does propose its drafts still pay."""
+    def run(silent_every: int) -> DraftController:
+        c, r = DraftController(4, CPU), np.random.default_rng(3)
+        for step in range(120):
+            if step % 3 and silent_every:
+                c.update(1, 0, 0, CPU[1], 0.0)  # asked, proposed nothing: a 1-row pass
+                continue
+            c.update(1, 1, int(r.random() < 0.6), CPU[2], 0.0)
+        return c
+
+    always, sparse = run(0), run(3)
+    assert always.acceptance.offered() == pytest.approx(1.0)
+    assert sparse.acceptance.offered() == pytest.approx(1 / 3, abs=0.1)
+    assert min(always.acceptance.estimate()[0], sparse.acceptance.estimate()[0]) > 0.4  # drafts of a_1 0.6
+    gain = [c.expected_rate(1) / c.plain_rate() - 1 for c in (always, sparse)]
+    assert 0 < gain[1] < 0.5 * gain[0]
+    setup = lambda rows: 0.0 if rows == 1 else 1.0  # noqa: E731 -- compiling a verify width
+    assert always.choose(200, setup, done=100) > 0 and sparse.choose(200, setup, done=100) == 0
+    assert sparse.choose(200) > 0  # compiled: whenever it proposes, its drafts pay
+    # the stop rules judge the drafts it made, not the text's repeats: a draft as good as its
+    # record is one that proposes when asked
+    assert sparse.rates(4, np.zeros((4, 2)))[1] == pytest.approx(always.rates(4, np.zeros((4, 2)))[1])
+
+
+def test_a_shadow_or_a_cascade_part_that_proposes_nothing_counts_as_asked():
+    c = DraftController(4, CPU)
+    for _ in range(6):
+        c.shadowed([], 0.0, True)
+    assert c.acceptance.offered() < 0.5
+    c.new_request()
+    assert c.acceptance.offered() == 1.0  # the next request's text may repeat
+    for _ in range(10):
+        c.update(2, 2, 1, CPU[4], 0.0, "model", 2, declined=("copy",))
+    assert c.parts["copy"].acceptance.offered() < 0.3 and c.parts["model"].acceptance.offered() == pytest.approx(1.0)
+    assert c.acceptance.offered() == pytest.approx(1.0)  # the cascade as a whole proposed each time

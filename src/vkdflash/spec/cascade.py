@@ -57,6 +57,7 @@ class Cascade(Strategy):
         self.parts: list[_Part] = []
         self.warm = False  # every part has proposed once
         self.lengths: dict[str, int] = {}  # the engine's draft length per part this step (none given: max_n)
+        self.declined: list[str] = []  # the parts asked this step that proposed nothing, in order
         self.title = SEP.join(name for name, _, _ in parts)
         try:
             for name, factory, settings in parts:
@@ -79,7 +80,7 @@ class Cascade(Strategy):
         """The first part's drafts that are not empty; the parts before it were asked and had none,
         the parts after it are not asked (on the first proposal they are: its time is what the
         cascade's first use costs, a draft model's kernels compiling, which the controller prices)."""
-        chosen = Proposal([])
+        chosen, self.declined = Proposal([]), []
         for part in list(self.parts):
             n = min(self.lengths.get(part.name, max_n), max_n, part.longest or max_n)
             if n <= 0:
@@ -87,6 +88,8 @@ class Cascade(Strategy):
             prop = self._each(ctx, part, "propose",
                               lambda p=part: checked_proposal(p.strategy.propose(ctx, last_token, n), n,
                                                               ctx.target.n_vocab))
+            if prop is not None and not prop.tokens and not chosen.tokens:
+                self.declined.append(part.name)
             if prop is not None and prop.tokens and not chosen.tokens:
                 chosen = Proposal(prop.tokens, prop.probs, part.name)
             if chosen.tokens and self.warm:

@@ -1,10 +1,11 @@
 """Cost-aware draft length (docs/design.md section 11): before each step choose k, 0..k_max, to
 maximise expected committed tokens per second
 
-    E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j        T(k) = c_verify(k + 1) + c_draft(k)
+    E(k) = 1 + o sum_{i<=k} prod_{j<=i} a_j     T(k) = o c_verify(k + 1) + (1 - o) c_verify(1) + c_draft(k)
 
 a_j: the running probability that draft j is accepted given drafts 1..j-1 were (acceptance.py:
-decayed counts per position over a prior, the draft's record for a_1 where it has one).
+decayed counts per position over a prior, the draft's record for a_1 where it has one); o: the
+chance that a step asking for drafts gets any (a lookup finds no match: a plain step).
 c_draft(k): seconds of a proposal of up to k tokens (costs.DraftCosts: the median of the recent
 ones per k, unseen k interpolated; before the first, what an earlier run timed, else 0).
 c_verify(n): seconds of an n-row target pass, learned from the cached curve and live passes
@@ -125,19 +126,23 @@ class DraftController:
     def expected_tokens(self, limit: int, counts=None, acceptance=None) -> list[float]:
         """E(k), tokens a step commits with k = 0..limit drafts (plain Python: the controller runs
         every step, and numpy's per-call cost on these few values was 2% of a lavapipe decode step)."""
+        acceptance = acceptance or self.acceptance
+        offered = _offered(acceptance, counts)
         tokens, reach, expected = [1.0], 1.0, 0.0
-        for a in (acceptance or self.acceptance).estimate(counts)[:limit].tolist():
+        for a in acceptance.estimate(counts)[:limit].tolist():
             reach *= a
             expected += reach
-            tokens.append(1.0 + expected)
+            tokens.append(1.0 + offered * expected)
         return tokens
 
     def rates(self, limit: int, counts=None, verify=None, part=None) -> list[float]:
         """Committed tokens per second with k = 0..limit drafts (verify: the pass prices, c_verify
-        unless given; part: a cascade part's (Acceptance, DraftCosts) instead of the strategy's)."""
+        unless given; part: a cascade part's (Acceptance, DraftCosts) instead of the strategy's);
+        a step that asks and gets no drafts runs plain decoding's 1-row pass."""
         verify = verify or self.c_verify
         acceptance, drafts = part or (self.acceptance, self.drafts)
-        return [t / (verify(k + 1) + drafts.cost(k) + self.overhead)
+        offered, plain = _offered(acceptance, counts), verify(1)
+        return [t / (offered * verify(k + 1) + (1.0 - offered) * plain + drafts.cost(k) + self.overhead)
                 for k, t in enumerate(self.expected_tokens(limit, counts, acceptance))]
 
     def expected_rate(self, k: int) -> float:
@@ -244,6 +249,7 @@ class DraftController:
 
     def shadowed(self, drafts, seconds: float, typical: bool) -> None:
         """This step's shadow drafts (proposed in `seconds`; typical: not a first proposal of its shape)."""
+        self.acceptance.asked(bool(drafts))
         self.shadows.proposed(drafts, seconds)
         if typical:
             self.drafts.learn(self.shadow, seconds)
@@ -259,23 +265,27 @@ class DraftController:
         cached shape may be wrong, the kernels' slot arithmetic not by much): trying 2k + 1 after
         each accepted single draft, the MTP head (its chained second draft rarely right) compiled
         and ran 4- and 8-row passes no rate would choose."""
-        return self.expected_tokens(j)[j] / (self.guess(j + 1) * self.c_verify(1) + self.c_draft(j)
-                                             + self.overhead) > rate
+        offered, c_1 = self.acceptance.offered(), self.c_verify(1)
+        return self.expected_tokens(j)[j] / (offered * self.guess(j + 1) * c_1 + (1.0 - offered) * c_1
+                                             + self.c_draft(j) + self.overhead) > rate
 
     def update(self, k: int, drafted: int, accepted: int, verify_seconds: float | None,
-               draft_seconds: float | None, source: str = "", source_k: int = 0) -> None:
+               draft_seconds: float | None, source: str = "", source_k: int = 0, declined=()) -> None:
         """After a step that asked for k drafts, got `drafted` (from a cascade's part `source`, asked
-        for source_k), and the target accepted `accepted`; seconds of None are not typical (a first
-        pass that recorded and compiled) and not learned."""
+        for source_k, after the parts `declined` had none), and the target accepted `accepted`;
+        seconds of None are not typical (a first pass that recorded and compiled) and not learned."""
+        if k:
+            self.acceptance.asked(drafted > 0)
+            for name in declined:
+                self._part(name).acceptance.asked(False)
         if verify_seconds is not None:
             rows = self.costs.width(drafted + 1)
             self.costs.learn(rows, rows == drafted + 1, verify_seconds)
         if k and draft_seconds is not None:
             self.drafts.learn(k, draft_seconds)
         if source and drafted:
-            part = self.parts.get(source)
-            if part is None:
-                part = self.parts[source] = Part(self.k_max, self.probe_every, *self.part_priors.get(source, (None, {})))
+            part = self._part(source)
+            part.acceptance.asked(True)
             part.acceptance.learn(drafted, accepted, keep_record=self.fixed)
             if part.probing:  # nothing accepted doubles the wait
                 part.wait, part.probing = self.probe_every if accepted else min(2 * part.wait, MAX_PROBE_WAIT), False
@@ -289,6 +299,12 @@ class DraftController:
             self.probing = False
         # a cascade's record is its drafting part's, judged there: the copy's misses must not drop it
         self.acceptance.learn(drafted, accepted, keep_record=self.fixed or bool(self.part_priors))
+
+    def _part(self, name: str) -> "Part":
+        part = self.parts.get(name)
+        if part is None:
+            part = self.parts[name] = Part(self.k_max, self.probe_every, *self.part_priors.get(name, (None, {})))
+        return part
 
     def finish(self) -> None:
         """Hand what the run learned of the verify costs to `persist` (VerifyCosts.learned)."""
@@ -327,3 +343,10 @@ class Part:
     def new_request(self, probe_every: int) -> None:
         self.acceptance.reset()
         self.idle, self.wait, self.probing = 0, probe_every, False
+
+
+def _offered(acceptance: Acceptance, counts) -> float:
+    """The chance a step asking for drafts gets some: the live estimate, or 1 for given counts
+    (a draft as good as its record, or the stop rules' whole-run view: a text without repeats
+    is this request's, not a reason to drop a lookup for the speculator's life)."""
+    return acceptance.offered() if counts is None else 1.0

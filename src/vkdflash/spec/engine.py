@@ -255,8 +255,9 @@ class Speculator:
             self.stats.record(len(prop.tokens), n, prop.source)
             self.watchdog.watch(self.expected if self._active else None, self.stats, self.ctx, self.recorded_part)
             disowned = self.control.acceptance.disowned
+            declined = self.strategy.declined if self.parts and self._active else ()
             self.control.update(drafting, len(prop.tokens), n, t2 - t1 if warm else None, t1 - t0 if typical else None,
-                                prop.source, asked.get(prop.source, ask))
+                                prop.source, asked.get(prop.source, ask), declined)
             self.control.committed(prop.tokens[:n] + [nxt])
             if self.control.acceptance.disowned != disowned:
                 log.info("%s: %s", self.stats.strategy, self.control.acceptance.disowned)
