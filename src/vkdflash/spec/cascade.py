@@ -88,10 +88,11 @@ class Cascade(Strategy):
             prop = self._each(ctx, part, "propose",
                               lambda p=part: checked_proposal(p.strategy.propose(ctx, last_token, n), n,
                                                               ctx.target.n_vocab))
-            if prop is not None and not prop.tokens and not chosen.tokens:
-                self.declined.append(part.name)
-            if prop is not None and prop.tokens and not chosen.tokens:
-                chosen = Proposal(prop.tokens, prop.probs, part.name)
+            if prop is not None and not chosen.tokens:
+                if prop.tokens:
+                    chosen = Proposal(prop.tokens, prop.probs, part.name)
+                else:
+                    self.declined.append(part.name)
             if chosen.tokens and self.warm:
                 break
         self.warm = True
