@@ -741,3 +741,31 @@ def test_a_fixed_length_run_prices_its_strategy_for_the_next_run(target, tmp_pat
     curve._proposed.clear()  # a new process
     priced = curve.StrategyCosts(model, "ngram")
     assert priced.first_seconds() > 0 and set(priced.drafts()) == {2}
+
+
+class Sometimes(Oracle):
+    """Drafts the target's continuation on every third step it is asked, nothing on the others (a
+    lookup that finds a match now and then)."""
+
+    def __init__(self, reference: list):
+        super().__init__(reference)
+        self.asked = 0
+
+    def propose(self, ctx, last_token, max_n):
+        self.asked += 1
+        return super().propose(ctx, last_token, max_n) if self.asked % 3 == 0 else Proposal([])
+
+
+def test_the_engine_tells_the_controller_how_often_a_strategy_proposes_when_asked(target):
+    """Its drafts are priced by that share (controller.rates); output stays plain decoding's."""
+    model, tok = target
+    reference, _ = run(model, tok, n=40)
+    stats = SpecStats()
+    spec = Speculator(model, "sometimes", lambda ctx: Sometimes(reference), StrategyOptions(draft_max=4), stats)
+    spec.control.fixed = True  # asked every step, whatever this tiny model's passes cost
+    gen_stats = Stats()
+    list(generate(model, tok, PROMPT, 40, Sampler(temp=0.0), (), gen_stats, spec))
+    offered = spec.control.acceptance.offered()
+    spec.close()
+    assert gen_stats.tokens == reference
+    assert stats.steps > stats.drafted / 4 and 0.2 < offered < 0.5
