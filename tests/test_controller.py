@@ -798,3 +798,27 @@ def test_a_shadow_or_a_cascade_part_that_proposes_nothing_counts_as_asked():
         c.update(2, 2, 1, CPU[4], 0.0, "model", 2, declined=("copy",))
     assert c.parts["copy"].acceptance.offered() < 0.3 and c.parts["model"].acceptance.offered() == pytest.approx(1.0)
     assert c.acceptance.offered() == pytest.approx(1.0)  # the cascade as a whole proposed each time
+
+
+def test_a_compile_is_bought_on_what_the_evidence_supports_not_on_one_lucky_draft():
+    """A position with no evidence leans on the one before it: one shadow whose three drafts all
+    matched put ngram's a_2 and a_3 at 0.73 and 0.82 in a chat story (the run's drafts then got 0.07
+    and 0) and bought a 4-row verify's compile. A compile is sunk, so a length that needs one is
+    priced with a_j (j >= 2) a standard deviation below its mean, as this run's drafts there weigh it."""
+    def trained(long_drafts: int) -> DraftController:
+        c = DraftController(4, CPU)
+        for i in range(10):
+            c.update(1, 1, int(i % 5 < 3), CPU[2], 0.0)  # a_1 ~0.6 over ten first drafts
+        for i in range(long_drafts):
+            c.update(3, 3, 1 if i % 4 == 3 else 3, CPU[4], 0.0)  # the first one all held
+        return c
+
+    setup = lambda rows: 0.0 if rows == 1 else 2.0  # noqa: E731
+    lucky, steady = trained(1), trained(30)
+    rates = lucky.rates(4)
+    assert min(100 / rates[j] + 2.0 for j in range(1, 5)) < 100 / rates[0], "priced at the means, it would buy"
+    assert lucky.choose(200, setup, done=100) == 0
+    assert lucky.choose(200) > 0  # compiled already: the means choose, as before
+    mean, cautious = steady.acceptance.estimate(), steady.acceptance.estimate(cautious=True)
+    assert cautious[0] == mean[0] and np.all(mean[1:3] - cautious[1:3] < 0.1)
+    assert steady.choose(200, setup, done=100) > 0

@@ -123,27 +123,28 @@ class DraftController:
     def c_draft(self, k: int) -> float:
         return self.drafts.cost(k)
 
-    def expected_tokens(self, limit: int, counts=None, acceptance=None) -> list[float]:
+    def expected_tokens(self, limit: int, counts=None, acceptance=None, cautious: bool = False) -> list[float]:
         """E(k), tokens a step commits with k = 0..limit drafts (plain Python: the controller runs
         every step, and numpy's per-call cost on these few values was 2% of a lavapipe decode step)."""
         acceptance = acceptance or self.acceptance
         offered = _offered(acceptance, counts)
         tokens, reach, expected = [1.0], 1.0, 0.0
-        for a in acceptance.estimate(counts)[:limit].tolist():
+        for a in acceptance.estimate(counts, cautious)[:limit].tolist():
             reach *= a
             expected += reach
             tokens.append(1.0 + offered * expected)
         return tokens
 
-    def rates(self, limit: int, counts=None, verify=None, part=None) -> list[float]:
+    def rates(self, limit: int, counts=None, verify=None, part=None, cautious: bool = False) -> list[float]:
         """Committed tokens per second with k = 0..limit drafts (verify: the pass prices, c_verify
-        unless given; part: a cascade part's (Acceptance, DraftCosts) instead of the strategy's);
-        a step that asks and gets no drafts runs plain decoding's 1-row pass."""
+        unless given; part: a cascade part's (Acceptance, DraftCosts) instead of the strategy's;
+        cautious: Acceptance.estimate's); a step that asks and gets no drafts runs plain
+        decoding's 1-row pass."""
         verify = verify or self.c_verify
         acceptance, drafts = part or (self.acceptance, self.drafts)
         offered, plain = _offered(acceptance, counts), verify(1)
         return [t / (offered * verify(k + 1) + (1.0 - offered) * plain + drafts.cost(k) + self.overhead)
-                for k, t in enumerate(self.expected_tokens(limit, counts, acceptance))]
+                for k, t in enumerate(self.expected_tokens(limit, counts, acceptance, cautious))]
 
     def expected_rate(self, k: int) -> float:
         return self.rates(k)[k]
@@ -192,7 +193,7 @@ class DraftController:
             # plain decoding's own pass is compiled sooner or later whatever this step drafts: in a
             # cold process pricing it here made the first step draft (a 2-row compile, ~1.6 s)
             rates = self.rates(limit)
-            k = min(range(limit + 1), key=lambda j: horizon / rates[j] + (setup(j + 1) if j else 0.0))
+            k = _bought(limit, horizon, setup, rates, lambda: self.rates(limit, cautious=True))
             self.held += k < argmax(rates)
             reach = min(limit, 2 * self.full + 1)
             if self.full and reach > k and self.costs.width(reach + 1) not in self.costs.live and affordable(reach) \
@@ -224,7 +225,8 @@ class DraftController:
         lengths = {}
         for name, part in self.parts.items():
             rates = self.rates(limit, part=(part.acceptance, part.drafts))
-            k = min(range(limit + 1), key=lambda j: horizon / rates[j] + (setup(j + 1) if j else 0.0))
+            k = _bought(limit, horizon, setup, rates,
+                        lambda: self.rates(limit, part=(part.acceptance, part.drafts), cautious=True))
             part.idle, part.probing = (part.idle + 1 if k == 0 else 0), False
             if part.idle >= part.wait:  # the text may have turned (a copy in a chat answer)
                 cheap = [j for j in range(1, limit + 1)
@@ -350,3 +352,17 @@ def _offered(acceptance: Acceptance, counts) -> float:
     (a draft as good as its record, or the stop rules' whole-run view: a text without repeats
     is this request's, not a reason to drop a lookup for the speculator's life)."""
     return acceptance.offered() if counts is None else 1.0
+
+
+def _bought(limit: int, horizon: int, setup, rates: list, cautious) -> int:
+    """The length with the least time for `horizon` tokens, a length whose first pass must compile
+    (setup) priced at the cautious rates: its compile is sunk whatever the drafts then do."""
+    sure = None
+
+    def seconds(j: int) -> float:
+        nonlocal sure
+        if not j or not setup(j + 1):
+            return horizon / rates[j]
+        sure = sure or cautious()
+        return horizon / sure[j] + setup(j + 1)
+    return min(range(limit + 1), key=seconds)
