@@ -39,7 +39,7 @@ class Acceptance:
         self.expected = self.first_prior  # a_1 as the run started: the record, else the guess
         self.disowned = None  # why the record stopped pricing drafts (the run contradicted it)
         self.start_weight = PRIOR  # first_weight as a run starts
-        self.offers = np.zeros(2)  # decayed (proposed some, proposed none) over the steps that asked
+        self.offers = (0.0, 0.0)  # decayed (proposed some, proposed none) over the steps that asked
 
     def expect(self, first_acceptance: float) -> None:
         """The prior of a_1: what the draft measured on its suite (RECORD_PRIOR pseudo-counts:
@@ -51,7 +51,7 @@ class Acceptance:
         """A new run (a server's next request): no evidence yet, and the record, even one the last
         run disowned, prices a_1 again (that run's text contradicted it, not necessarily this one's)."""
         self.counts, self.run_counts = np.zeros_like(self.counts), np.zeros_like(self.run_counts)
-        self.offers = np.zeros(2)
+        self.offers = (0.0, 0.0)
         self.first_prior, self.first_weight, self.disowned = self.expected, self.start_weight, None
 
     @property
@@ -68,7 +68,7 @@ class Acceptance:
         one standard deviation below its mean, as the run's drafts at j (undecayed) and the prior
         weigh it (a compile is sunk: one shadow whose three drafts matched put a_2 and a_3 at 0.73
         and 0.82 where the run's drafts then got 0.07 and 0, and bought a 4-row verify on them)."""
-        seen = (self.run_counts if counts is None else counts).sum(axis=1)
+        seen = (self.run_counts if counts is None else counts).sum(axis=1).tolist() if cautious else None
         counts = self.counts if counts is None else counts
         out, prior, weight = [], self.first_prior, self.first_weight
         for j, (acc, rej) in enumerate(counts.tolist()):
@@ -80,13 +80,13 @@ class Acceptance:
 
     def offered(self) -> float:
         """The chance that a step asking for drafts gets some (1 until steps say otherwise)."""
-        some, none = self.offers.tolist()
+        some, none = self.offers
         return (some + OFFER_PRIOR) / (some + none + OFFER_PRIOR)
 
     def asked(self, proposed: bool) -> None:
         """After a step that asked the strategy for drafts: whether it proposed any."""
-        self.offers *= DECAY
-        self.offers[0 if proposed else 1] += 1
+        some, none = self.offers
+        self.offers = (DECAY * some + proposed, DECAY * none + (not proposed))
 
     def learn(self, drafted: int, accepted: int, keep_record: bool = False) -> None:
         """After a step whose `drafted` drafts had their first `accepted` accepted (keep_record:

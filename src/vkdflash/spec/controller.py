@@ -267,19 +267,20 @@ class DraftController:
         cached shape may be wrong, the kernels' slot arithmetic not by much): trying 2k + 1 after
         each accepted single draft, the MTP head (its chained second draft rarely right) compiled
         and ran 4- and 8-row passes no rate would choose."""
-        offered, c_1 = self.acceptance.offered(), self.c_verify(1)
-        return self.expected_tokens(j)[j] / (offered * self.guess(j + 1) * c_1 + (1.0 - offered) * c_1
-                                             + self.c_draft(j) + self.overhead) > rate
+        c_1 = self.c_verify(1)
+        return self.rates(j, verify=lambda rows: self.guess(rows) * c_1)[j] > rate
 
     def update(self, k: int, drafted: int, accepted: int, verify_seconds: float | None,
                draft_seconds: float | None, source: str = "", source_k: int = 0, declined=()) -> None:
         """After a step that asked for k drafts, got `drafted` (from a cascade's part `source`, asked
         for source_k, after the parts `declined` had none), and the target accepted `accepted`;
         seconds of None are not typical (a first pass that recorded and compiled) and not learned."""
-        if k:
+        if k:  # whether the strategy, and each part asked, proposed anything
             self.acceptance.asked(drafted > 0)
             for name in declined:
                 self._part(name).acceptance.asked(False)
+            if source and drafted:
+                self._part(source).acceptance.asked(True)
         if verify_seconds is not None:
             rows = self.costs.width(drafted + 1)
             self.costs.learn(rows, rows == drafted + 1, verify_seconds)
@@ -287,7 +288,6 @@ class DraftController:
             self.drafts.learn(k, draft_seconds)
         if source and drafted:
             part = self._part(source)
-            part.acceptance.asked(True)
             part.acceptance.learn(drafted, accepted, keep_record=self.fixed)
             if part.probing:  # nothing accepted doubles the wait
                 part.wait, part.probing = self.probe_every if accepted else min(2 * part.wait, MAX_PROBE_WAIT), False
@@ -357,12 +357,6 @@ def _offered(acceptance: Acceptance, counts) -> float:
 def _bought(limit: int, horizon: int, setup, rates: list, cautious) -> int:
     """The length with the least time for `horizon` tokens, a length whose first pass must compile
     (setup) priced at the cautious rates: its compile is sunk whatever the drafts then do."""
-    sure = None
-
-    def seconds(j: int) -> float:
-        nonlocal sure
-        if not j or not setup(j + 1):
-            return horizon / rates[j]
-        sure = sure or cautious()
-        return horizon / sure[j] + setup(j + 1)
-    return min(range(limit + 1), key=seconds)
+    compile_s = [setup(j + 1) if j else 0.0 for j in range(limit + 1)]
+    sure = cautious() if any(compile_s) else rates
+    return min(range(limit + 1), key=lambda j: horizon / (sure[j] if compile_s[j] else rates[j]) + compile_s[j])
