@@ -822,3 +822,21 @@ def test_a_compile_is_bought_on_what_the_evidence_supports_not_on_one_lucky_draf
     mean, cautious = steady.acceptance.estimate(), steady.acceptance.estimate(cautious=True)
     assert cautious[0] == mean[0] and np.all(mean[1:3] - cautious[1:3] < 0.1)
     assert steady.choose(200, setup, done=100) > 0
+
+
+def test_a_cascade_parts_first_proposal_is_priced_against_that_parts_drafts_alone():
+    """ngram+mtp in a cold process: the head's first proposal compiles its kernels (~2 s on
+    lavapipe). Priced as the cascade's, it held the free copy at 0 through a 300-token run the copy
+    alone made 1.3x faster; each part now pays only its own."""
+    c = DraftController(8, CPU)
+    c.part_priors = {"copy": (None, {}), "head": (0.45, {1: 0.004, 2: 0.006})}
+    cold = {"copy": 0.0, "head": 2.0}
+    k = c.choose(200, None, 100, cold)
+    assert c.lengths["copy"] > 0 and c.lengths["head"] == 0 and k == c.lengths["copy"]
+    assert c.choose(200, None, 100, {"copy": 2.0, "head": 2.0}) == 0 and c.lengths == {"copy": 0, "head": 0}
+    c.choose(200, None, 100, {"copy": 0.0, "head": 0.0})
+    assert c.lengths["head"] > 0  # once it has proposed (or where a long run repays it)
+    c.served = 20000
+    c.choose(200, None, 100, cold)
+    assert c.lengths["head"] > 0
+    assert c.choose(200, None, 100) == c.chosen[-1] and c.lengths == {}  # not a cascade's call: one length

@@ -644,6 +644,42 @@ def test_a_strategys_first_proposal_is_priced_as_the_last_process_measured_it(ta
     assert first >= 0.3 and drafted() == 0  # 0.3 s is more than 23 tokens can save
 
 
+def test_a_cascade_prices_each_parts_first_proposal_apart(target, tmp_path, monkeypatch):
+    """ngram+mtp in a cold process: the head's first proposal compiles its kernels (~2 s on
+    lavapipe). Priced as the cascade's, it held the free copy at 0 for a whole run; now the copy
+    drafts, the slow part is never asked, and each part's first proposal is recorded under its own name."""
+    from vkdflash.spec import curve
+    from vkdflash.spec.cascade import Cascade
+    from vkdflash.spec.controller import DraftController
+    monkeypatch.setenv("VKDFLASH_CURVES", str(tmp_path / "curves.json"))
+    monkeypatch.setattr(curve, "_proposed", type(curve._proposed)())
+    model, tok = target
+    plain, _ = run(model, tok, n=24)
+    model.forward(PROMPT[:2], all_logits=True, greedy=True)  # the 2-row pass is recorded: no compile to price
+    slow = []
+
+    def drafted(proposes_first: str) -> SpecStats:
+        stats = SpecStats()
+        parts = [("copy", lambda ctx: Oracle(plain), {}), ("slow", lambda ctx: slow.append(SlowStart(plain)) or slow[-1], {})]
+        if proposes_first == "slow":
+            parts.reverse()
+        spec = Speculator(model, "cascade", lambda ctx: Cascade(ctx, parts), StrategyOptions(draft_max=1), stats,
+                          DraftController(1, {1: 0.002, 2: 0.0021, 4: 0.0022}),
+                          costs=curve.StrategyCosts(model, "cascade", parts=("copy", "slow")))
+        got = list(generate(model, tok, PROMPT, 24, Sampler(temp=0.0), (), Stats(), spec))
+        spec.close()
+        assert got == list(generate(model, tok, PROMPT, 24, Sampler(temp=0.0)))
+        return stats
+
+    drafted("slow")  # the slow part leads: it proposes (0.3 s) and its first proposal is recorded
+    assert slow[-1].started and curve.StrategyCosts(model, "slow").first_seconds() == 0.0
+    curve._proposed.clear()  # a new process
+    assert curve.StrategyCosts(model, "slow").first_seconds() >= 0.3
+    assert curve.StrategyCosts(model, "cascade", parts=("copy", "slow")).first_seconds() >= 0.3
+    stats = drafted("copy")
+    assert stats.drafted > 0 and set(stats.by_source) == {"copy"} and not slow[-1].started
+
+
 @pytest.mark.parametrize("entry, first, drafts", [
     ({"first": "1.2", "draft": {"1": -3, "2": 1e9, "x": 0.01, "3": 0.004, "4": [1]}}, 0.0, {3: 0.004}),
     ({"first": True, "draft": "fast"}, 0.0, {}),

@@ -142,13 +142,10 @@ def verify_curve(m, rows=ROWS, context: int = 64, reps: int = 5) -> dict:
 class Sweep(DraftController):
     """Asks for 1, 2, .., k_max drafts in turn: a warm-up that compiles every length's kernels."""
 
-    def choose(self, room: int, setup=None, done=None) -> int:
+    def choose(self, room: int, setup=None, done=None, firsts=None) -> int:
         k = min(len(self.chosen) % self.k_max + 1, room)
         self.chosen.append(k)
-        return k
-
-    def part_lengths(self, room: int, setup=None, done=None) -> dict:
-        return {}  # a cascade's parts sweep too
+        return k  # a cascade's parts sweep too (no `lengths`)
 
 
 SPEC_PROMPT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"

@@ -7,13 +7,16 @@ a lower acceptance. On the suite's code prompts half the steps continue earlier 
 design.md 11): there the copy drafts further than the model would, elsewhere the model drafts.
 Every part sees every begin and commit (a draft model's cache needs every position), as its
 own options (`--spec-opt ngram.n=4` goes to ngram); the parts after the proposing one are not
-asked, as when the draft-length controller asks a lone strategy for nothing. A part that fails
-is switched off alone."""
+asked, as when the draft-length controller asks a lone strategy for nothing. Each part's first
+proposal is timed alone (`timed`): the controller prices a part's first use (the MTP head's
+kernels compiling, ~1-2 s on lavapipe) against that part's drafts, not the copy's. A part that
+fails is switched off alone."""
 from __future__ import annotations
 
 import dataclasses
 import functools
 import logging
+import time
 
 from ..errors import VkdflashError
 from .strategy import Proposal, Strategy, checked_proposal, declared
@@ -55,9 +58,9 @@ class Cascade(Strategy):
     def __init__(self, ctx, parts):
         """parts: [(name, factory, settings)] in the order they are asked."""
         self.parts: list[_Part] = []
-        self.warm = False  # every part has proposed once
         self.lengths: dict[str, int] = {}  # the engine's draft length per part this step (none given: max_n)
         self.declined: list[str] = []  # the parts asked this step that proposed nothing, in order
+        self.timed: dict[str, float] = {}  # seconds of each part asked this step
         self.title = SEP.join(name for name, _, _ in parts)
         try:
             for name, factory, settings in parts:
@@ -78,25 +81,22 @@ class Cascade(Strategy):
 
     def propose(self, ctx, last_token: int, max_n: int) -> Proposal:
         """The first part's drafts that are not empty; the parts before it were asked and had none,
-        the parts after it are not asked (on the first proposal they are: its time is what the
-        cascade's first use costs, a draft model's kernels compiling, which the controller prices)."""
-        chosen, self.declined = Proposal([]), []
+        the parts after it are not asked."""
+        self.declined, self.timed = [], {}
         for part in list(self.parts):
             n = min(self.lengths.get(part.name, max_n), max_n, part.longest or max_n)
             if n <= 0:
                 continue
+            t0 = time.perf_counter()
             prop = self._each(ctx, part, "propose",
                               lambda p=part: checked_proposal(p.strategy.propose(ctx, last_token, n), n,
                                                               ctx.target.n_vocab))
-            if prop is not None and not chosen.tokens:
-                if prop.tokens:
-                    chosen = Proposal(prop.tokens, prop.probs, part.name)
-                else:
-                    self.declined.append(part.name)
-            if chosen.tokens and self.warm:
-                break
-        self.warm = True
-        return chosen
+            self.timed[part.name] = time.perf_counter() - t0
+            if prop is not None and prop.tokens:
+                return Proposal(prop.tokens, prop.probs, part.name)
+            if prop is not None:
+                self.declined.append(part.name)
+        return Proposal([])
 
     def commit(self, ctx) -> None:
         for part in list(self.parts):

@@ -74,6 +74,8 @@ class DraftController:
         self.shadows, self.shadow = Shadow(), 0  # drafts proposed and not verified (shadow.py); this step's
         self.parts: dict[str, Part] = {}  # a cascade's parts (Proposal.source), as seen
         self.part_priors: dict[str, tuple] = {}  # part -> (a_1 on its draft's record or None, {k: proposal seconds})
+        self.lengths: dict[str, int] = {}  # a cascade's length per part this step (choose)
+        self._shadow_source = ""  # the cascade's part whose shadow drafts are pending
 
     # -- the model -----------------------------------------------------------------
     def new_request(self) -> None:
@@ -168,7 +170,7 @@ class DraftController:
         self.overhead = float(median(self.overheads))
 
     # -- deciding and learning -------------------------------------------------------
-    def choose(self, room: int, setup=None, done: int | None = None) -> int:
+    def choose(self, room: int, setup=None, done: int | None = None, firsts: dict | None = None) -> int:
         """k for the next step, at most `room` (the tokens left to generate). setup(rows): seconds
         a first pass of that many rows costs before it runs (kernel compiles: ~1.6 s for a new
         batch width on lavapipe, more than a short run can earn back), paid only where the
@@ -176,16 +178,22 @@ class DraftController:
         no more than that (a run may end at any token: chat answers to -n 512 ended after 7, 38
         and 138 tokens, and compiles bought at their start had made them 1.6-1.8x slower than
         plain decoding; weighed over the tokens so far, a compile is bought once the rent paid
-        without it would have bought it, so a run that ends then pays at most twice the best)."""
+        without it would have bought it, so a run that ends then pays at most twice the best).
+        firsts: a cascade's {part: seconds its first proposal will take} (setup then prices the
+        passes alone): each part gets its own length (part_lengths, kept in `lengths`) and the
+        step asks for the longest."""
         horizon, setup = self.horizon(room, done), setup or (lambda rows: 0.0)
         limit = min(self.k_max, room)
-        self.shadow = 0
+        self.shadow, self.lengths = 0, {}
         if limit <= 0:
             return 0
         if self.fixed:
             k = limit
         elif self.unmeasured:
             k = 0  # plain until a curve is measured
+        elif firsts is not None and self.part_priors:
+            self.lengths = self.part_lengths(room, setup, done, firsts)
+            k = max(self.lengths.values())
         else:
             def affordable(j: int) -> bool:  # no dearer than its pass, or small next to what is left
                 return setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * horizon * self.c_verify(1))
@@ -208,33 +216,48 @@ class DraftController:
                 k = max(cheap, key=lambda j: (at_record[j], -j)) if cheap else 0
                 self.probing = k > 0
         if not (k or self.fixed):  # what plain decoding commits next says how its drafts would have done
-            self.shadow = self.shadows.length(self, limit, horizon, setup)
+            if firsts is None:
+                self.shadow = self.shadows.length(self, limit, horizon, setup)
+            elif self.part_priors:  # a cascade's shadow asks the parts whose first proposal a probe may pay
+                cheapest = min(firsts.values(), default=0.0)
+                self.shadow = self.shadows.length(self, limit, horizon, lambda rows: setup(rows) + cheapest)
+                c_1 = median(self.costs.ones() or [self.c_verify(1)])
+                self.lengths = {name: self.shadow if Shadow.affordable(first, horizon, c_1) else 0
+                                for name, first in firsts.items()}
         self.idle = 0 if k else self.idle + 1
         self.chosen.append(k)
         return k
 
-    def part_lengths(self, room: int, setup=None, done: int | None = None) -> dict[str, int]:
-        """A cascade's draft length per part it has seen propose, each priced at that part's own
-        acceptance and proposal cost as choose() prices the strategy's (compiles weighed over the
-        same horizon): a copy right on 88% of its drafts was held at the head's k ~1 (the default
-        bench prompt, ngram+mtp). A part not yet seen drafts choose()'s k. A part held at 0 probes
-        as choose() does: a length whose pass is compiled, the best at its record."""
-        if self.fixed or self.unmeasured or not self.parts:
+    def part_lengths(self, room: int, setup=None, done: int | None = None, firsts: dict | None = None) -> dict[str, int]:
+        """A cascade's draft length per part (those it started with, `part_priors`, and any seen
+        propose), each priced at that part's own acceptance and proposal cost as choose() prices the
+        strategy's, compiles weighed over the same horizon: a copy right on 88% of its drafts was
+        held at the head's k ~1 (the default bench prompt, ngram+mtp). firsts: each part's first
+        proposal still to pay, a compile of that part's alone (priced as the cascade's, the MTP
+        head's 2 s held the free copy at 0 through a cold 300-token run it made 1.3x faster
+        alone). A part held at 0 probes as choose() does: a length whose pass is compiled, the best
+        at its record."""
+        names = [*self.part_priors, *(name for name in self.parts if name not in self.part_priors)]
+        if self.fixed or self.unmeasured or not names:
             return {}
         horizon, setup, limit = self.horizon(room, done), setup or (lambda rows: 0.0), min(self.k_max, room)
-        lengths = {}
-        for name, part in self.parts.items():
+        lengths, held = {}, False
+        for name in names:
+            part, first = self._part(name), (firsts or {}).get(name, 0.0)
+            costs = (lambda rows: setup(rows) + first) if first else setup
             rates = self.rates(limit, part=(part.acceptance, part.drafts))
-            k = _bought(limit, horizon, setup, rates,
+            k = _bought(limit, horizon, costs, rates,
                         lambda: self.rates(limit, part=(part.acceptance, part.drafts), cautious=True))
+            held |= k < argmax(rates)
             part.idle, part.probing = (part.idle + 1 if k == 0 else 0), False
             if part.idle >= part.wait:  # the text may have turned (a copy in a chat answer)
                 cheap = [j for j in range(1, limit + 1)
-                         if setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * horizon * self.c_verify(1))]
+                         if costs(j + 1) <= max(self.c_verify(j + 1), 0.05 * horizon * self.c_verify(1))]
                 at_record = self.rates(limit, np.zeros_like(part.acceptance.counts), part=(part.acceptance, part.drafts))
                 if cheap:
                     k, part.idle, part.probing = max(cheap, key=lambda j: (at_record[j], -j)), 0, True
             lengths[name] = k
+        self.held += held
         return lengths
 
     def horizon(self, room: int, done: int | None) -> int:
@@ -249,18 +272,30 @@ class DraftController:
             return self.served + done
         return max(1, min(room, done))
 
-    def shadowed(self, drafts, seconds: float, typical: bool) -> None:
-        """This step's shadow drafts (proposed in `seconds`; typical: not a first proposal of its shape)."""
+    def shadowed(self, drafts, seconds: float, typical: bool, source: str = "", declined=()) -> None:
+        """This step's shadow drafts (proposed in `seconds`; typical: not a first proposal of its
+        shape; source, declined: the cascade's part that proposed them, those before it that had none)."""
         self.acceptance.asked(bool(drafts))
         self.shadows.proposed(drafts, seconds)
+        self._shadow_source = source if drafts else ""
+        for name in declined:
+            self._part(name).acceptance.asked(False)
+        if source and drafts:
+            self._part(source).acceptance.asked(True)
         if typical:
             self.drafts.learn(self.shadow, seconds)
+            if source and drafts:
+                self._part(source).drafts.learn(self.lengths.get(source, self.shadow), seconds)
 
     def committed(self, tokens) -> None:
-        """Tokens a step committed, in order: a pending shadow's drafts are judged against them."""
+        """Tokens a step committed, in order: a pending shadow's drafts are judged against them (and
+        teach the cascade's part that proposed them: unverified, a copy's drafts priced it at a_1's
+        prior of 0.5 where they matched 97% of the time, and no compile was ever bought for it)."""
         decided = self.shadows.see(tokens)
         if decided:
             self.acceptance.learn(*decided)
+            if self._shadow_source:
+                self._part(self._shadow_source).acceptance.learn(*decided)
 
     def _may_pay(self, j: int, rate: float) -> bool:
         """Whether j drafts would beat `rate` were their pass to cost what the kernels guess (the

@@ -150,7 +150,7 @@ class StrategyCosts:
 
     def __init__(self, model, name: str, draft: str | None = None, parts: tuple = ()):
         """draft: the -md file the strategy runs (its size and time name it too), None for its own;
-        parts: a cascade's strategy names, whose first proposals price its own until it has one."""
+        parts: a cascade's strategy names, whose first proposals price its own."""
         self.ctx, self.key = model.ctx, f"{_key(model)}|strategy {name}" + (f"|{file_id(draft)}" if draft else "")
         self.known = self._cached()  # as the file held it when the run began
         self.parts = {part: StrategyCosts(model, part, draft) for part in parts}
@@ -160,10 +160,13 @@ class StrategyCosts:
         return cached if isinstance(cached, dict) else {}
 
     def first_seconds(self) -> float:
+        """Seconds of the strategy's first proposal in this process (0 once it proposed here); a
+        cascade's, its parts' still to come, each recorded alone (Cascade.timed)."""
+        if self.parts:
+            return sum(part.first_seconds() for part in self.parts.values())
         if self.key in _proposed.get(self.ctx, ()):
             return 0.0
-        own = _seconds(self.known.get("first"))
-        return own if own is not None else sum(part.first_seconds() for part in self.parts.values())
+        return _seconds(self.known.get("first")) or 0.0
 
     def drafts(self) -> dict[int, float]:
         """Seconds of a proposal of k drafts, per k."""

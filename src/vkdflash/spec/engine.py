@@ -122,8 +122,10 @@ class Speculator:
                  "the draft's record" if self.expected else "no record", options.p_min, list(self.capture) or "none",
                  caches)
         if (self._first_seconds or drafts) and not self.control.fixed:  # a fixed length prices nothing
+            first = (", ".join(f"{part} {s:.2f} s" for part, s in self._firsts().items()) if self.parts
+                     else f"{self._first_seconds:.2f} s")
             log.info("%s as an earlier run here measured it (priced until this run times it): first proposal "
-                     "%.2f s, proposals of k drafts %s", name, self._first_seconds,
+                     "%s, proposals of k drafts %s", name, first,
                      ", ".join(f"{k}: {1000 * s:.1f} ms" for k, s in sorted(drafts.items())) or "untimed")
 
     def _guard(self, what: str, call):
@@ -217,19 +219,24 @@ class Speculator:
                 return
             if self._active and self.control.unmeasured and self.measure is not None and room > 0:
                 self._measure_if_it_pays(self.control.horizon(room, emitted))
-            setup = lambda rows: self._setup_seconds(rows, rows > 1, self.capture, greedy) + self._first_seconds  # noqa: E731
-            max_n = self.control.choose(room, setup, emitted) if self._active else 0
-            # a cascade's parts, each at its own length (a part not yet seen: max_n)
-            lengths = self.control.part_lengths(room, setup, emitted) if self._active and self.parts else {}
-            drafting = max([max_n, *lengths.values()])
-            asked = {name: lengths.get(name, max_n) for name in self.parts} if drafting else {}
-            if self.parts and self._active:  # a shadow step asks every part at the shadow's length
-                self.strategy.lengths = asked
+            passes = lambda rows: self._setup_seconds(rows, rows > 1, self.capture, greedy)  # noqa: E731
+            # a cascade's parts each at its own length, their first proposals priced apart
+            firsts = self._firsts() if self.parts else None
+            setup = passes if firsts is not None else lambda rows: passes(rows) + self._first_seconds  # noqa: E731
+            drafting = self.control.choose(room, setup, emitted, firsts) if self._active else 0
             ask = drafting or (self.control.shadow if self._active else 0)  # a shadow: proposed, not verified
+            lengths = self.control.lengths if self._active else {}
+            asked = {name: lengths.get(name, ask) for name in self.parts} if ask else {}
+            if self.parts and self._active:
+                self.strategy.lengths = asked
             t0, kernels = time.perf_counter(), len(model.ctx.pipelines)
             prop = self._propose(last, ask) if ask > 0 else Proposal([])
             t1, compiled = time.perf_counter(), len(model.ctx.pipelines) > kernels
-            if ask > 0 and not self._proposed:
+            if ask > 0 and self.parts and self.costs and self._active:
+                for name, seconds in self.strategy.timed.items():
+                    if name in self.costs.parts:
+                        self.costs.parts[name].proposed(seconds)
+            elif ask > 0 and not self._proposed:
                 self._proposed, self._first_seconds = True, 0.0
                 if self.costs:
                     self.costs.proposed(t1 - t0)
@@ -240,9 +247,10 @@ class Speculator:
             shape = (ask, len(prop.tokens))
             seen = self._seen[shape] = self._seen.get(shape, 0) + 1
             typical = seen > COLD_PROPOSALS and not compiled
+            declined = self.strategy.declined if self.parts and self._active else ()
             if ask > drafting:
-                self.control.shadowed(prop.tokens, t1 - t0, typical)
-                prop = Proposal([])
+                self.control.shadowed(prop.tokens, t1 - t0, typical, prop.source, declined)
+                prop, declined = Proposal([]), ()
             capture = self.capture if self._active else ()  # a switched-off strategy reads none
             rows = 1 + len(prop.tokens)  # one row: plain decoding's own pass (measured 2-3% faster)
             warm = model.recorded(rows, rows > 1, capture, greedy)
@@ -255,7 +263,6 @@ class Speculator:
             self.stats.record(len(prop.tokens), n, prop.source)
             self.watchdog.watch(self.expected if self._active else None, self.stats, self.ctx, self.recorded_part)
             disowned = self.control.acceptance.disowned
-            declined = self.strategy.declined if self.parts and self._active else ()
             self.control.update(drafting, len(prop.tokens), n, t2 - t1 if warm else None, t1 - t0 if typical else None,
                                 prop.source, asked.get(prop.source, ask), declined)
             self.control.committed(prop.tokens[:n] + [nxt])
@@ -265,7 +272,7 @@ class Speculator:
             if part is not None and part.acceptance.disowned and part.acceptance.disowned != self._told.get(prop.source):
                 self._told[prop.source] = part.acceptance.disowned
                 log.info("%s: %s", prop.source, part.acceptance.disowned)
-            log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), max_n, n)
+            log.debug("position %d: drafted %d (max %d), accepted %d", pos, len(prop.tokens), drafting, n)
             if self._active:
                 self._committed(out, pos, 1 + n, [last] + prop.tokens[:n])
                 self.control.note_overhead(self._timed_inject(lambda: self.strategy.commit(self.ctx), "commit"))
@@ -277,6 +284,12 @@ class Speculator:
                 yield t
                 emitted += 1
             last = nxt
+
+    def _firsts(self) -> dict[str, float]:
+        """Seconds each part of the cascade will take to propose the first time in this process
+        (0 once it has, or where no earlier run timed it)."""
+        parts = self.costs.parts if self.costs else {}
+        return {name: parts[name].first_seconds() if name in parts else 0.0 for name in self.parts}
 
     def _setup_seconds(self, *shape) -> float:
         """model.setup_seconds(*shape), kept until the model records a graph: choose() prices
@@ -293,7 +306,9 @@ class Speculator:
     def _measure_if_it_pays(self, horizon: int) -> None:
         """Measure the verify curve once `horizon` tokens (DraftController.horizon: as many as
         generated so far) could repay it, as choose() weighs compiles."""
-        compile_seconds = sum(self._setup_seconds(n, True) for n in FIRST_ROWS) + self._first_seconds
+        # a cascade can draft once its cheapest part has proposed
+        first = min(self._firsts().values()) if self.parts else self._first_seconds
+        compile_seconds = sum(self._setup_seconds(n, True) for n in FIRST_ROWS) + first
         if self.control.measuring_pays(horizon, compile_seconds, measuring_passes()):
             t0 = time.perf_counter()
             self.control.measured(self.measure())

@@ -42,7 +42,7 @@ class Shadow:
         if self.pending or limit <= 0 or not ones:
             return 0
         c_1 = median(ones)
-        if setup(1) > 0.05 * horizon * c_1 or self.seconds > SHADOW_SHARE * control.steps * c_1:
+        if not self.affordable(setup(1), horizon, c_1) or self.seconds > SHADOW_SHARE * control.steps * c_1:
             return 0  # its first proposal would compile for longer than a probe may, or over budget
         # no curve measured yet: passes priced as the kernels guess, as measuring_pays prices them
         verify = (lambda rows: control.guess(rows) * c_1) if control.unmeasured else None
@@ -55,6 +55,11 @@ class Shadow:
             return 0
         rates = control.rates(limit, verify=verify)
         return min(limit, SHADOW_MAX, max(1, argmax(rates)))
+
+    @staticmethod
+    def affordable(first: float, horizon: int, c_1: float) -> bool:
+        """Whether a first proposal of `first` seconds costs no more than a probe may."""
+        return first <= 0.05 * horizon * c_1
 
     def proposed(self, drafts, seconds: float) -> None:
         """Drafts proposed after the newest token, to be matched against the tokens after it."""
