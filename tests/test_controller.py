@@ -840,3 +840,26 @@ def test_a_cascade_parts_first_proposal_is_priced_against_that_parts_drafts_alon
     c.choose(200, None, 100, cold)
     assert c.lengths["head"] > 0
     assert c.choose(200, None, 100) == c.chosen[-1] and c.lengths == {}  # not a cascade's call: one length
+
+
+def test_a_cascades_shadows_teach_the_part_that_proposed_them_and_leave_the_wholes_record():
+    """Unverified, a copy's drafts left it priced at a_1's prior of 0.5 where they matched 97% of
+    the time; and the copy's unmatched shadows in a chat answer dropped the cascade's record (the
+    head's 0.52) and switched the cascade off."""
+    c = DraftController(4, CPU)
+    c.acceptance.expect(0.52)
+    c.part_priors = {"copy": (None, {}), "head": (0.52, {})}
+    for _ in range(30):
+        c.shadow = 2
+        c.shadowed([7, 8], 0.0001, True, "copy", ())
+        c.committed([7, 8, 9])
+    copy = c.parts["copy"].acceptance
+    assert copy.estimate()[0] > 0.9 and copy.offered() > 0.9
+    for _ in range(60):
+        c.shadowed([7, 8], 0.0001, True, "copy", ())
+        c.committed([1])
+    assert c.acceptance.record == 0.52 and c.parts["copy"].acceptance.estimate()[0] < 0.2
+    offered = copy.offered()
+    c.shadowed([], 0.0001, True, "", ("copy",))
+    assert copy.offered() < offered  # asked and silent counts too
+    assert "head" not in c.parts or c.parts["head"].acceptance.run_counts.sum() == 0

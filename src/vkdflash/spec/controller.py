@@ -292,8 +292,8 @@ class DraftController:
         teach the cascade's part that proposed them: unverified, a copy's drafts priced it at a_1's
         prior of 0.5 where they matched 97% of the time, and no compile was ever bought for it)."""
         decided = self.shadows.see(tokens)
-        if decided:
-            self.acceptance.learn(*decided)
+        if decided:  # a cascade's record is its recorded part's, judged there (update)
+            self.acceptance.learn(*decided, keep_record=self.fixed or bool(self.part_priors))
             if self._shadow_source:
                 self._part(self._shadow_source).acceptance.learn(*decided)
 
