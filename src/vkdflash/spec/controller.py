@@ -195,25 +195,18 @@ class DraftController:
             self.lengths = self.part_lengths(room, setup, done, firsts)
             k = max(self.lengths.values())
         else:
-            def affordable(j: int) -> bool:  # no dearer than its pass, or small next to what is left
-                return setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * horizon * self.c_verify(1))
-
             # plain decoding's own pass is compiled sooner or later whatever this step drafts: in a
             # cold process pricing it here made the first step draft (a 2-row compile, ~1.6 s)
             rates = self.rates(limit)
             k = _bought(limit, horizon, setup, rates, lambda: self.rates(limit, cautious=True))
             self.held += k < argmax(rates)
             reach = min(limit, 2 * self.full + 1)
-            if self.full and reach > k and self.costs.width(reach + 1) not in self.costs.live and affordable(reach) \
-                    and self._may_pay(reach, rates[k]):
+            if self.full and reach > k and self.costs.width(reach + 1) not in self.costs.live \
+                    and self._affordable(reach, horizon, setup) and self._may_pay(reach, rates[k]):
                 k = reach  # the last drafts all held: learn what a longer verify costs here
             self.probing = k == 0 and self.idle >= self.wait
             if self.probing:
-                # the length that would pay best at the draft's record: MTP's head (a_1 0.35) probes
-                # 1 draft, a 2-row pass, not 2 (3 rows, priced as 4 on lavapipe: a dear probe)
-                cheap = [j for j in range(1, limit + 1) if affordable(j)]
-                at_record = self.rates(limit, np.zeros_like(self.acceptance.counts))
-                k = max(cheap, key=lambda j: (at_record[j], -j)) if cheap else 0
+                k = self._probe(limit, horizon, setup)
                 self.probing = k > 0
         if not (k or self.fixed):  # what plain decoding commits next says how its drafts would have done
             if firsts is None:
@@ -251,14 +244,27 @@ class DraftController:
             held |= k < argmax(rates)
             part.idle, part.probing = (part.idle + 1 if k == 0 else 0), False
             if part.idle >= part.wait:  # the text may have turned (a copy in a chat answer)
-                cheap = [j for j in range(1, limit + 1)
-                         if costs(j + 1) <= max(self.c_verify(j + 1), 0.05 * horizon * self.c_verify(1))]
-                at_record = self.rates(limit, np.zeros_like(part.acceptance.counts), part=(part.acceptance, part.drafts))
-                if cheap:
-                    k, part.idle, part.probing = max(cheap, key=lambda j: (at_record[j], -j)), 0, True
+                k = self._probe(limit, horizon, costs, (part.acceptance, part.drafts))
+                if k:
+                    part.idle, part.probing = 0, True
             lengths[name] = k
         self.held += held
         return lengths
+
+    def _affordable(self, j: int, horizon: int, setup) -> bool:
+        """Whether j drafts' first pass costs no more than the pass itself, or little next to the
+        horizon (a probe, or a longer draft tried to learn its cost, buys no compile)."""
+        return setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * horizon * self.c_verify(1))
+
+    def _probe(self, limit: int, horizon: int, setup, part=None) -> int:
+        """A probe's length (0: none affordable): the one that would pay best at the draft's record
+        (part: a cascade part's, as rates takes it). MTP's head (a_1 0.35) probes 1 draft, a 2-row
+        pass, not 2 (3 rows, priced as 4 on lavapipe: a dear probe)."""
+        cheap = [j for j in range(1, limit + 1) if self._affordable(j, horizon, setup)]
+        if not cheap:
+            return 0
+        at_record = self.rates(limit, np.zeros_like((part[0] if part else self.acceptance).counts), part=part)
+        return max(cheap, key=lambda j: (at_record[j], -j))
 
     def horizon(self, room: int, done: int | None) -> int:
         """Tokens a compile bought now is weighed over: the tokens left (`room`), or where the
