@@ -680,6 +680,41 @@ def test_a_cascade_prices_each_parts_first_proposal_apart(target, tmp_path, monk
     assert stats.drafted > 0 and set(stats.by_source) == {"copy"} and not slow[-1].started
 
 
+def test_a_cascade_part_switched_off_is_no_longer_priced_or_asked(target, caplog):
+    """A part that raised is off for good: the controller prices only the parts still on (a dead
+    part's length had kept the step asking the cascade, which asked nobody)."""
+    from vkdflash.spec.cascade import Cascade
+    from vkdflash.spec.controller import DraftController
+    model, tok = target
+    plain, _ = run(model, tok, n=24)
+    model.forward(PROMPT[:2], all_logits=True, greedy=True)
+
+    class RaisesLater(Raises):
+        def propose(self, ctx, last_token, max_n):
+            if len(ctx.tokens) > len(PROMPT) + 3:
+                raise RuntimeError("boom")
+            return Proposal([])  # declines, so the oracle after it is asked too
+
+    class Seen(DraftController):
+        def choose(self, *args):
+            k = super().choose(*args)
+            priced.append(set(self.lengths))
+            return k
+
+    priced = []
+    control = Seen(2, {1: 0.002, 2: 0.0021, 4: 0.0022})
+    parts = [("raises", lambda ctx: RaisesLater(), {}), ("oracle", lambda ctx: Oracle(plain), {})]
+    spec = Speculator(model, "raises+oracle", lambda ctx: Cascade(ctx, parts), StrategyOptions(draft_max=2),
+                      SpecStats(), control)
+    got = list(generate(model, tok, PROMPT, 24, Sampler(temp=0.0), (), Stats(), spec))
+    live = spec.parts
+    spec.close()
+    assert got == list(generate(model, tok, PROMPT, 24, Sampler(temp=0.0)))
+    assert "its part raises switched off for good" in caplog.text
+    steps = [p for p in priced if p]
+    assert live == ["oracle"] and steps[0] == {"raises", "oracle"} and steps[-1] == {"oracle"}
+
+
 @pytest.mark.parametrize("entry, first, drafts", [
     ({"first": "1.2", "draft": {"1": -3, "2": 1e9, "x": 0.01, "3": 0.004, "4": [1]}}, 0.0, {3: 0.004}),
     ({"first": True, "draft": "fast"}, 0.0, {}),

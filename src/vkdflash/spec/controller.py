@@ -225,12 +225,13 @@ class DraftController:
         """A cascade's draft length per part (those it started with, `part_priors`, and any seen
         propose), each priced at that part's own acceptance and proposal cost as choose() prices the
         strategy's, compiles weighed over the same horizon: a copy right on 88% of its drafts was
-        held at the head's k ~1 (the default bench prompt, ngram+mtp). firsts: each part's first
-        proposal still to pay, a compile of that part's alone (priced as the cascade's, the MTP
+        held at the head's k ~1 (the default bench prompt, ngram+mtp). firsts: the parts still on,
+        each with its first proposal still to pay, a compile of that part's alone (priced as the cascade's, the MTP
         head's 2 s held the free copy at 0 through a cold 300-token run it made 1.3x faster
         alone). A part held at 0 probes as choose() does: a length whose pass is compiled, the best
         at its record."""
-        names = [*self.part_priors, *(name for name in self.parts if name not in self.part_priors)]
+        names = list(firsts) if firsts is not None else \
+            [*self.part_priors, *(name for name in self.parts if name not in self.part_priors)]
         if self.fixed or self.unmeasured or not names:
             return {}
         horizon, setup, limit = self.horizon(room, done), setup or (lambda rows: 0.0), min(self.k_max, room)

@@ -95,7 +95,7 @@ class Speculator:
         self._off = ""  # why the strategy sits out the rest of this request (_disable)
         self.ctx = StrategyContext(gpu=model.ctx, target=target_view(model), options=options)
         stats.strategy, stats.draft_max = name, options.draft_max
-        self.strategy, self.parts, self.recorded_part = None, [], ""  # a cascade's part names, its recorded one
+        self.strategy, self.recorded_part = None, ""  # a cascade's part whose record prices it
         self._told: dict = {}  # a cascade part's dropped record, as last logged
         try:  # a start that fails is the user's error (a bad draft file or option): said once, as the error
             self.strategy = factory(self.ctx)
@@ -156,13 +156,18 @@ class Speculator:
     def _cascade(self, parts) -> None:
         """A cascade's parts: each priced from its own record and its proposals' costs as an earlier
         run here timed them; the watchdog judges the part whose record prices the whole."""
-        self.parts = [p.name for p in parts]
         costs = self.costs.parts if self.costs else {}
         self.control.part_priors = {p.name: (p.expected, costs[p.name].drafts() if p.name in costs else {})
                                     for p in parts}
         records = {p.name: p.expected for p in parts if p.expected is not None}
         if records:
             self.recorded_part = max(records, key=records.get)
+
+    @property
+    def parts(self) -> list[str]:
+        """A cascade's parts still on, in the order it asks them (one that raised is switched off:
+        it is neither priced nor asked again)."""
+        return [p.name for p in self.strategy.parts] if isinstance(self.strategy, Cascade) else []
 
     def _drop_strategy(self) -> None:
         strategy, self.strategy = self.strategy, None
