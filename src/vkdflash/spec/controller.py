@@ -191,9 +191,9 @@ class DraftController:
             k = limit
         elif self.unmeasured:
             k = 0  # plain until a curve is measured
-        elif firsts is not None and self.part_priors:
+        elif firsts is not None:
             self.lengths = self.part_lengths(room, setup, done, firsts)
-            k = max(self.lengths.values())
+            k = max(self.lengths.values(), default=0)
         else:
             # plain decoding's own pass is compiled sooner or later whatever this step drafts: in a
             # cold process pricing it here made the first step draft (a 2-row compile, ~1.6 s)
@@ -211,12 +211,13 @@ class DraftController:
         if not (k or self.fixed):  # what plain decoding commits next says how its drafts would have done
             if firsts is None:
                 self.shadow = self.shadows.length(self, limit, horizon, setup)
-            elif self.part_priors:  # a cascade's shadow asks the parts whose first proposal a probe may pay
+            else:  # a cascade's shadow asks the parts whose first proposal a probe may pay
                 cheapest = min(firsts.values(), default=0.0)
                 self.shadow = self.shadows.length(self, limit, horizon, lambda rows: setup(rows) + cheapest)
-                c_1 = median(self.costs.ones() or [self.c_verify(1)])
-                self.lengths = {name: self.shadow if Shadow.affordable(first, horizon, c_1) else 0
-                                for name, first in firsts.items()}
+                if self.shadow:  # Shadow.length proposes one only where 1-row passes were timed
+                    c_1 = median(self.costs.ones())
+                    self.lengths = {name: self.shadow if Shadow.affordable(first, horizon, c_1) else 0
+                                    for name, first in firsts.items()}
         self.idle = 0 if k else self.idle + 1
         self.chosen.append(k)
         return k
@@ -255,7 +256,8 @@ class DraftController:
     def _affordable(self, j: int, horizon: int, setup) -> bool:
         """Whether j drafts' first pass costs no more than the pass itself, or little next to the
         horizon (a probe, or a longer draft tried to learn its cost, buys no compile)."""
-        return setup(j + 1) <= max(self.c_verify(j + 1), 0.05 * horizon * self.c_verify(1))
+        first = setup(j + 1)
+        return first <= self.c_verify(j + 1) or Shadow.affordable(first, horizon, self.c_verify(1))
 
     def _probe(self, limit: int, horizon: int, setup, part=None) -> int:
         """A probe's length (0: none affordable): the one that would pay best at the draft's record
@@ -292,7 +294,7 @@ class DraftController:
         if typical:
             self.drafts.learn(self.shadow, seconds)
             if source and drafts:
-                self._part(source).drafts.learn(self.lengths.get(source, self.shadow), seconds)
+                self._part(source).drafts.learn(self.shadow, seconds)
 
     def committed(self, tokens) -> None:
         """Tokens a step committed, in order: a pending shadow's drafts are judged against them (and

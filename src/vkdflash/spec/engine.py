@@ -122,7 +122,7 @@ class Speculator:
                  "the draft's record" if self.expected else "no record", options.p_min, list(self.capture) or "none",
                  caches)
         if (self._first_seconds or drafts) and not self.control.fixed:  # a fixed length prices nothing
-            first = (", ".join(f"{part} {s:.2f} s" for part, s in self._firsts().items()) if self.parts
+            first = (", ".join(f"{part} {s:.2f} s" for part, s in self._firsts(self.parts).items()) if self.parts
                      else f"{self._first_seconds:.2f} s")
             log.info("%s as an earlier run here measured it (priced until this run times it): first proposal "
                      "%s, proposals of k drafts %s", name, first,
@@ -225,19 +225,20 @@ class Speculator:
             if self._active and self.control.unmeasured and self.measure is not None and room > 0:
                 self._measure_if_it_pays(self.control.horizon(room, emitted))
             passes = lambda rows: self._setup_seconds(rows, rows > 1, self.capture, greedy)  # noqa: E731
-            # a cascade's parts each at its own length, their first proposals priced apart
-            firsts = self._firsts() if self.parts else None
+            # a cascade's parts still on, each at its own length, their first proposals priced apart
+            parts = self.parts if self._active else []
+            firsts = self._firsts(parts) if parts else None
             setup = passes if firsts is not None else lambda rows: passes(rows) + self._first_seconds  # noqa: E731
             drafting = self.control.choose(room, setup, emitted, firsts) if self._active else 0
             ask = drafting or (self.control.shadow if self._active else 0)  # a shadow: proposed, not verified
             lengths = self.control.lengths if self._active else {}
-            asked = {name: lengths.get(name, ask) for name in self.parts} if ask else {}
-            if self.parts and self._active:
+            asked = {name: lengths.get(name, ask) for name in parts} if ask else {}
+            if parts:
                 self.strategy.lengths = asked
             t0, kernels = time.perf_counter(), len(model.ctx.pipelines)
             prop = self._propose(last, ask) if ask > 0 else Proposal([])
             t1, compiled = time.perf_counter(), len(model.ctx.pipelines) > kernels
-            if ask > 0 and self.parts and self.costs and self._active:
+            if ask > 0 and parts and self.costs and self._active:
                 for name, seconds in self.strategy.timed.items():
                     if name in self.costs.parts:
                         self.costs.parts[name].proposed(seconds)
@@ -252,7 +253,7 @@ class Speculator:
             shape = (ask, len(prop.tokens))
             seen = self._seen[shape] = self._seen.get(shape, 0) + 1
             typical = seen > COLD_PROPOSALS and not compiled
-            declined = self.strategy.declined if self.parts and self._active else ()
+            declined = self.strategy.declined if parts and self._active else ()
             if ask > drafting:
                 self.control.shadowed(prop.tokens, t1 - t0, typical, prop.source, declined)
                 prop, declined = Proposal([]), ()
@@ -290,11 +291,11 @@ class Speculator:
                 emitted += 1
             last = nxt
 
-    def _firsts(self) -> dict[str, float]:
-        """Seconds each part of the cascade will take to propose the first time in this process
+    def _firsts(self, names) -> dict[str, float]:
+        """Seconds each of these cascade parts will take to propose the first time in this process
         (0 once it has, or where no earlier run timed it)."""
-        parts = self.costs.parts if self.costs else {}
-        return {name: parts[name].first_seconds() if name in parts else 0.0 for name in self.parts}
+        costs = self.costs.parts if self.costs else {}
+        return {name: costs[name].first_seconds() if name in costs else 0.0 for name in names}
 
     def _setup_seconds(self, *shape) -> float:
         """model.setup_seconds(*shape), kept until the model records a graph: choose() prices
@@ -312,7 +313,7 @@ class Speculator:
         """Measure the verify curve once `horizon` tokens (DraftController.horizon: as many as
         generated so far) could repay it, as choose() weighs compiles."""
         # a cascade can draft once its cheapest part has proposed
-        first = min(self._firsts().values()) if self.parts else self._first_seconds
+        first = min(self._firsts(self.parts).values()) if self.parts else self._first_seconds
         compile_seconds = sum(self._setup_seconds(n, True) for n in FIRST_ROWS) + first
         if self.control.measuring_pays(horizon, compile_seconds, measuring_passes()):
             t0 = time.perf_counter()

@@ -58,7 +58,8 @@ class Shadow:
 
     @staticmethod
     def affordable(first: float, horizon: int, c_1: float) -> bool:
-        """Whether a first proposal of `first` seconds costs no more than a probe may."""
+        """Whether a first proposal (or pass) of `first` seconds costs no more than a probe may: a
+        twentieth of what the horizon's tokens take plain (the controller's probes use it too)."""
         return first <= 0.05 * horizon * c_1
 
     def proposed(self, drafts, seconds: float) -> None:
