@@ -25,7 +25,7 @@ hold the choice at k = 0.
 
 k = 0 is plain decoding; while the choice stays 0 it drafts a little anyway every `probe_every`
 steps, so the estimates can recover when the text becomes predictable; a probe that gets
-nothing accepted doubles the wait (up to MAX_PROBE_WAIT), so a draft that is never right costs
+nothing accepted doubles the wait (up to parts.MAX_PROBE_WAIT), so a draft that is never right costs
 next to nothing."""
 from __future__ import annotations
 
@@ -34,12 +34,12 @@ from statistics import median
 
 import numpy as np
 
+from . import parts
 from .acceptance import Acceptance
-from .costs import DraftCosts, VerifyCosts, argmax
+from .costs import DraftCosts, VerifyCosts, argmax, bought
 from .shadow import Shadow
 from .verdict import STOP_RATIO, STOP_STEPS, at_record, verdict
 
-MAX_PROBE_WAIT = 128
 UNTIMED = "no 1-row pass was timed before the run ended"  # why a run with no cached curve measured none
 
 
@@ -72,7 +72,7 @@ class DraftController:
         self.total = np.zeros(2, int)  # drafted, accepted in this request
         self.held = 0  # steps that drafted less than the rate asked: the run would not repay a compile
         self.shadows, self.shadow = Shadow(), 0  # drafts proposed and not verified (shadow.py); this step's
-        self.parts: dict[str, Part] = {}  # a cascade's parts (Proposal.source), as seen
+        self.parts: dict[str, parts.Part] = {}  # a cascade's parts (Proposal.source), as seen
         self.part_priors: dict[str, tuple] = {}  # part -> (a_1 on its draft's record or None, {k: proposal seconds})
         self.lengths: dict[str, int] = {}  # a cascade's length per part this step (choose)
         self._shadow_source = ""  # the cascade's part whose shadow drafts are pending
@@ -198,7 +198,7 @@ class DraftController:
             # plain decoding's own pass is compiled sooner or later whatever this step drafts: in a
             # cold process pricing it here made the first step draft (a 2-row compile, ~1.6 s)
             rates = self.rates(limit)
-            k = _bought(limit, horizon, setup, rates, lambda: self.rates(limit, cautious=True))
+            k = bought(limit, horizon, setup, rates, lambda: self.rates(limit, cautious=True))
             self.held += k < argmax(rates)
             reach = min(limit, 2 * self.full + 1)
             if self.full and reach > k and self.costs.width(reach + 1) not in self.costs.live \
@@ -211,47 +211,17 @@ class DraftController:
         if not (k or self.fixed):  # what plain decoding commits next says how its drafts would have done
             if firsts is None:
                 self.shadow = self.shadows.length(self, limit, horizon, setup)
-            else:  # a cascade's shadow asks the parts whose first proposal a probe may pay
-                cheapest = min(firsts.values(), default=0.0)
-                self.shadow = self.shadows.length(self, limit, horizon, lambda rows: setup(rows) + cheapest)
-                if self.shadow:  # Shadow.length proposes one only where 1-row passes were timed
-                    c_1 = median(self.costs.ones())
-                    self.lengths = {name: self.shadow if Shadow.affordable(first, horizon, c_1) else 0
-                                    for name, first in firsts.items()}
+            else:
+                shadow, asked = parts.shadow_lengths(self, limit, horizon, setup, firsts)
+                if shadow:  # else every part keeps its length (0)
+                    self.shadow, self.lengths = shadow, asked
         self.idle = 0 if k else self.idle + 1
         self.chosen.append(k)
         return k
 
     def part_lengths(self, room: int, setup=None, done: int | None = None, firsts: dict | None = None) -> dict[str, int]:
-        """A cascade's draft length per part (those it started with, `part_priors`, and any seen
-        propose), each priced at that part's own acceptance and proposal cost as choose() prices the
-        strategy's, compiles weighed over the same horizon: a copy right on 88% of its drafts was
-        held at the head's k ~1 (the default bench prompt, ngram+mtp). firsts: the parts still on,
-        each with its first proposal still to pay, a compile of that part's alone (priced as the cascade's, the MTP
-        head's 2 s held the free copy at 0 through a cold 300-token run it made 1.3x faster
-        alone). A part held at 0 probes as choose() does: a length whose pass is compiled, the best
-        at its record."""
-        names = list(firsts) if firsts is not None else \
-            [*self.part_priors, *(name for name in self.parts if name not in self.part_priors)]
-        if self.fixed or self.unmeasured or not names:
-            return {}
-        horizon, setup, limit = self.horizon(room, done), setup or (lambda rows: 0.0), min(self.k_max, room)
-        lengths, held = {}, False
-        for name in names:
-            part, first = self._part(name), (firsts or {}).get(name, 0.0)
-            costs = (lambda rows: setup(rows) + first) if first else setup
-            rates = self.rates(limit, part=(part.acceptance, part.drafts))
-            k = _bought(limit, horizon, costs, rates,
-                        lambda: self.rates(limit, part=(part.acceptance, part.drafts), cautious=True))
-            held |= k < argmax(rates)
-            part.idle, part.probing = (part.idle + 1 if k == 0 else 0), False
-            if part.idle >= part.wait:  # the text may have turned (a copy in a chat answer)
-                k = self._probe(limit, horizon, costs, (part.acceptance, part.drafts))
-                if k:
-                    part.idle, part.probing = 0, True
-            lengths[name] = k
-        self.held += held
-        return lengths
+        """A cascade's draft length per part (parts.lengths)."""
+        return parts.lengths(self, room, setup, done, firsts)
 
     def _affordable(self, j: int, horizon: int, setup) -> bool:
         """Whether j drafts' first pass costs no more than the pass itself, or little next to the
@@ -331,25 +301,20 @@ class DraftController:
         if k and draft_seconds is not None:
             self.drafts.learn(k, draft_seconds)
         if source and drafted:
-            part = self._part(source)
-            part.acceptance.learn(drafted, accepted, keep_record=self.fixed)
-            if part.probing:  # nothing accepted doubles the wait
-                part.wait, part.probing = self.probe_every if accepted else min(2 * part.wait, MAX_PROBE_WAIT), False
-            if draft_seconds is not None:
-                part.drafts.learn(source_k or k, draft_seconds)
+            self._part(source).learn(drafted, accepted, self.fixed, source_k or k, draft_seconds, self.probe_every)
         self.full = drafted if drafted and accepted == drafted else 0
         self.total += (drafted, accepted)
         self.steps += 1
         if self.probing:
-            self.wait = self.probe_every if accepted else min(2 * self.wait, MAX_PROBE_WAIT)
+            self.wait = parts.next_wait(self.wait, accepted, self.probe_every)
             self.probing = False
         # a cascade's record is its drafting part's, judged there: the copy's misses must not drop it
         self.acceptance.learn(drafted, accepted, keep_record=self.fixed or bool(self.part_priors))
 
-    def _part(self, name: str) -> "Part":
+    def _part(self, name: str) -> parts.Part:
         part = self.parts.get(name)
         if part is None:
-            part = self.parts[name] = Part(self.k_max, self.probe_every, *self.part_priors.get(name, (None, {})))
+            part = self.parts[name] = parts.Part(self.k_max, self.probe_every, *self.part_priors.get(name, (None, {})))
         return part
 
     def finish(self) -> None:
@@ -375,32 +340,8 @@ class DraftController:
                 "verify_seconds": {str(n): s for n, s in sorted(self.costs.verify.items())}}
 
 
-class Part:
-    """What the controller knows of one part of a cascade: its acceptance (from its draft's record,
-    dropped where the run contradicts it, as a strategy's), its proposals' costs, its probes."""
-
-    def __init__(self, k_max: int, probe_every: int, record: float | None, drafts: dict):
-        self.acceptance, self.drafts = Acceptance(k_max), DraftCosts()
-        if record is not None:
-            self.acceptance.expect(record)
-        self.drafts.prior(drafts)
-        self.idle, self.wait, self.probing = 0, probe_every, False
-
-    def new_request(self, probe_every: int) -> None:
-        self.acceptance.reset()
-        self.idle, self.wait, self.probing = 0, probe_every, False
-
-
 def _offered(acceptance: Acceptance, counts) -> float:
     """The chance a step asking for drafts gets some: the live estimate, or 1 for given counts
     (a draft as good as its record, or the stop rules' whole-run view: a text without repeats
     is this request's, not a reason to drop a lookup for the speculator's life)."""
     return acceptance.offered() if counts is None else 1.0
-
-
-def _bought(limit: int, horizon: int, setup, rates: list, cautious) -> int:
-    """The length with the least time for `horizon` tokens, a length whose first pass must compile
-    (setup) priced at the cautious rates: its compile is sunk whatever the drafts then do."""
-    compile_s = [setup(j + 1) if j else 0.0 for j in range(limit + 1)]
-    sure = cautious() if any(compile_s) else rates
-    return min(range(limit + 1), key=lambda j: horizon / (sure[j] if compile_s[j] else rates[j]) + compile_s[j])

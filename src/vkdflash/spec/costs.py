@@ -216,3 +216,11 @@ def _lerp(x: float, xs: list, ys: list) -> float:
 def argmax(values: list) -> int:
     """The first index of the largest value, as np.argmax (plain Python: a few values, every step)."""
     return max(range(len(values)), key=values.__getitem__)
+
+
+def bought(limit: int, horizon: int, setup, rates: list, cautious) -> int:
+    """The length with the least time for `horizon` tokens, a length whose first pass must compile
+    (setup) priced at the cautious rates: its compile is sunk whatever the drafts then do."""
+    compile_s = [setup(j + 1) if j else 0.0 for j in range(limit + 1)]
+    sure = cautious() if any(compile_s) else rates
+    return min(range(limit + 1), key=lambda j: horizon / (sure[j] if compile_s[j] else rates[j]) + compile_s[j])
