@@ -31,7 +31,7 @@ def main(model_path, dflash_path, mtp_path):
     if not (dflash_path or mtp_path):  # else the target runs for nothing
         raise click.UsageError("give --dflash FILE, --mtp FILE or both")
     from vkdflash.model.fetch import default_model_path
-    from vkdflash.model.gguf_file import ModelFile
+    from vkdflash.model.model_file import ModelFile
     from vkdflash.ref.model import RefWeights
     from vkdflash.tokenizer import Tokenizer
     path = str(model_path or default_model_path())

@@ -95,7 +95,8 @@ def main(drafts, model_path, suite, prompts, seed, mix_name, n_new, threads, cop
     from mtp import Head
     from mtp import parameters as head_parameters
     from vkdflash.model.fetch import default_model_path
-    from vkdflash.model.gguf_file import GGUFFile, ModelFile
+    from vkdflash.model.gguf_file import GGUFFile
+    from vkdflash.model.model_file import ModelFile
     from vkdflash.spec.vocab import draft_vocab
     from vkdflash.suite import PROMPTS, prompt_ids
     from vkdflash_dflash.draft_file import load_draft

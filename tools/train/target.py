@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vkdflash.model.gguf_file import ModelFile
+from vkdflash.model.model_file import ModelFile
 from vkdflash.ref.model import dequantize_tensor
 
 

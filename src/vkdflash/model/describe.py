@@ -6,7 +6,8 @@ from collections import defaultdict
 import numpy as np
 
 from ..errors import VkdflashError
-from .gguf_file import GGUFFile, ModelFile
+from .gguf_file import GGUFFile
+from .model_file import ModelFile
 
 VALUE_WIDTH = 100
 
