@@ -206,7 +206,7 @@ class DraftController:
                 k = reach  # the last drafts all held: learn what a longer verify costs here
             self.probing = k == 0 and self.idle >= self.wait
             if self.probing:
-                k = self._probe(limit, horizon, setup)
+                k = self.probe(limit, horizon, setup)
                 self.probing = k > 0
         if not (k or self.fixed):  # what plain decoding commits next says how its drafts would have done
             if firsts is None:
@@ -229,7 +229,7 @@ class DraftController:
         first = setup(j + 1)
         return first <= self.c_verify(j + 1) or Shadow.affordable(first, horizon, self.c_verify(1))
 
-    def _probe(self, limit: int, horizon: int, setup, part=None) -> int:
+    def probe(self, limit: int, horizon: int, setup, part=None) -> int:
         """A probe's length (0: none affordable): the one that would pay best at the draft's record
         (part: a cascade part's, as rates takes it). MTP's head (a_1 0.35) probes 1 draft, a 2-row
         pass, not 2 (3 rows, priced as 4 on lavapipe: a dear probe)."""
@@ -258,13 +258,13 @@ class DraftController:
         self.shadows.proposed(drafts, seconds)
         self._shadow_source = source if drafts else ""
         for name in declined:
-            self._part(name).acceptance.asked(False)
+            self.part(name).acceptance.asked(False)
         if source and drafts:
-            self._part(source).acceptance.asked(True)
+            self.part(source).acceptance.asked(True)
         if typical:
             self.drafts.learn(self.shadow, seconds)
             if source and drafts:
-                self._part(source).drafts.learn(self.shadow, seconds)
+                self.part(source).drafts.learn(self.shadow, seconds)
 
     def committed(self, tokens) -> None:
         """Tokens a step committed, in order: a pending shadow's drafts are judged against them (and
@@ -274,7 +274,7 @@ class DraftController:
         if decided:  # a cascade's record is its recorded part's, judged there (update)
             self.acceptance.learn(*decided, keep_record=self.fixed or bool(self.part_priors))
             if self._shadow_source:
-                self._part(self._shadow_source).acceptance.learn(*decided)
+                self.part(self._shadow_source).acceptance.learn(*decided)
 
     def _may_pay(self, j: int, rate: float) -> bool:
         """Whether j drafts would beat `rate` were their pass to cost what the kernels guess (the
@@ -292,16 +292,16 @@ class DraftController:
         if k:  # whether the strategy, and each part asked, proposed anything
             self.acceptance.asked(drafted > 0)
             for name in declined:
-                self._part(name).acceptance.asked(False)
+                self.part(name).acceptance.asked(False)
             if source and drafted:
-                self._part(source).acceptance.asked(True)
+                self.part(source).acceptance.asked(True)
         if verify_seconds is not None:
             rows = self.costs.width(drafted + 1)
             self.costs.learn(rows, rows == drafted + 1, verify_seconds)
         if k and draft_seconds is not None:
             self.drafts.learn(k, draft_seconds)
         if source and drafted:
-            self._part(source).learn(drafted, accepted, self.fixed, source_k or k, draft_seconds, self.probe_every)
+            self.part(source).learn(drafted, accepted, self.fixed, source_k or k, draft_seconds, self.probe_every)
         self.full = drafted if drafted and accepted == drafted else 0
         self.total += (drafted, accepted)
         self.steps += 1
@@ -311,7 +311,8 @@ class DraftController:
         # a cascade's record is its drafting part's, judged there: the copy's misses must not drop it
         self.acceptance.learn(drafted, accepted, keep_record=self.fixed or bool(self.part_priors))
 
-    def _part(self, name: str) -> parts.Part:
+    def part(self, name: str) -> parts.Part:
+        """What the controller knows of the cascade's part `name` (made from its prior when first seen)."""
         part = self.parts.get(name)
         if part is None:
             part = self.parts[name] = parts.Part(self.k_max, self.probe_every, *self.part_priors.get(name, (None, {})))

@@ -60,7 +60,7 @@ def lengths(control, room: int, setup=None, done: int | None = None, firsts: dic
     horizon, setup = control.horizon(room, done), setup or (lambda rows: 0.0)
     limit, out, held = min(control.k_max, room), {}, False
     for name in names:
-        part, first = control._part(name), (firsts or {}).get(name, 0.0)
+        part, first = control.part(name), (firsts or {}).get(name, 0.0)
         costs = (lambda rows: setup(rows) + first) if first else setup
         priced = (part.acceptance, part.drafts)
         rates = control.rates(limit, part=priced)
@@ -68,7 +68,7 @@ def lengths(control, room: int, setup=None, done: int | None = None, firsts: dic
         held |= k < argmax(rates)
         part.idle, part.probing = (part.idle + 1 if k == 0 else 0), False
         if part.idle >= part.wait:  # the text may have turned (a copy in a chat answer)
-            k = control._probe(limit, horizon, costs, priced)
+            k = control.probe(limit, horizon, costs, priced)
             if k:
                 part.idle, part.probing = 0, True
         out[name] = k
