@@ -118,10 +118,7 @@ class DraftFile:
         return name in self.gguf.tensors
 
     def tensor(self, name: str) -> TensorData:
-        t = self.gguf.tensors.get(name)
-        if t is None:
-            raise VkdflashError(f"{self.path}: no tensor {name}")
-        return TensorData(t.type_id, t.shape, self.gguf.data(name))
+        return self.gguf.tensor(name)
 
     def close(self) -> None:
         self.gguf.close()

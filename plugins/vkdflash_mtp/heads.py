@@ -58,11 +58,7 @@ class Heads:
         return self.name(suffix, j) in tensors
 
     def tensor(self, suffix: str, j: int = 0) -> TensorData:
-        name = self.name(suffix, j)
-        if isinstance(self.source, ModelFile):
-            return self.source.tensor(name)
-        t = self.source.tensors[name]
-        return TensorData(t.type_id, t.shape, self.source.data(name))
+        return self.source.tensor(self.name(suffix, j))  # a ModelFile's or a sidecar GGUFFile's
 
     def close(self) -> None:
         if self.own:

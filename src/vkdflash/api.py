@@ -22,8 +22,8 @@ from .kernels.types import CACHE_TYPES, TensorType, get_type
 from .kernels.weights import Weight
 from .kv_cache import CacheInfo
 from .model.block import BlockBuffers, BlockShape, BlockWeights, project, record_block, write_kv
-from .model.gguf_file import GGUFFile
-from .model.model_file import ModelFile, TensorData, check_tensors, load_model, nextn_tensors
+from .model.gguf_file import GGUFFile, TensorData
+from .model.model_file import ModelFile, check_tensors, load_model, nextn_tensors
 from .model.hparams import (ARCHITECTURES, MAX_EMBD, MAX_LAYERS, MAX_VOCAB, RMS_EPS, ROPE_BASE, HParams,
                             check_rope_scaling, nextn_hidden, read_heads)
 from .model.metadata import Metadata

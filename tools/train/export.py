@@ -22,7 +22,7 @@ def restore(params: dict, path, grow: bool = False) -> set:
     Returns their names."""
     import torch
     from vkdflash.errors import VkdflashError
-    from vkdflash.model.model_file import TensorData
+    from vkdflash.model.gguf_file import TensorData
     from vkdflash.ref.model import dequantize_tensor
     with GGUFFile(path) as gf:
         missing = {n for n in set(params) - set(gf.tensors) if n.startswith("blk.")} if grow else set()

@@ -13,7 +13,7 @@ import os
 import stat
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
@@ -34,6 +34,12 @@ _SCALARS = {  # value type -> struct format
     GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
     GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
 }
+
+
+class TensorData(NamedTuple):
+    type_id: int             # ggml type id
+    shape: tuple[int, ...]   # ggml order: shape[0] = elements per row
+    data: np.ndarray         # raw bytes, np.uint8, a read-only view of the mapped file
 
 
 @dataclass(frozen=True)
@@ -222,6 +228,14 @@ class GGUFFile:
         if type_id not in GGMLQuantizationType._value2member_map_:
             raise VkdflashError(f"tensor {name} has unknown ggml type id {type_id}")
         return full, shape, type_id, c.unpack("<Q", f"offset of {name}")
+
+    def tensor(self, name: str) -> TensorData:
+        """A tensor's type, shape and raw bytes (data); a one-line error where the file has none of
+        that name."""
+        t = self.tensors.get(name)
+        if t is None:
+            raise VkdflashError(f"{self.path}: no tensor {name}")
+        return TensorData(t.type_id, t.shape, self.data(name))
 
     def data(self, name: str) -> np.ndarray:
         """The raw bytes of a tensor: a read-only np.uint8 view of the mapping (no copy)."""

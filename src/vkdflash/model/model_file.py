@@ -4,14 +4,12 @@ weight is read; plugins check their own files with the same rules (api.check_ten
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
-import numpy as np
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ..errors import VkdflashError, quote
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFFile, TensorData
 from .metadata import Metadata
 
 # 2-D weights may use any of these; 1-D tensors (norms, biases, rope factors) only the float ones
@@ -85,12 +83,6 @@ def check_tensors(tensors: dict, required: dict, optional: dict, what: str) -> N
             raise VkdflashError(f"unexpected tensor {quote(name)} (not part of {what})")
 
 
-class TensorData(NamedTuple):
-    type_id: int             # ggml type id
-    shape: tuple[int, ...]   # ggml order: shape[0] = elements per row
-    data: np.ndarray         # raw bytes, np.uint8, a read-only view of the mapped file
-
-
 class ModelFile:
     """A GGUF checked to hold a dense llama / qwen2 / qwen3 model that vkdflash can run."""
 
@@ -129,10 +121,7 @@ class ModelFile:
         return "token_embd.weight" if self.hparams.tied_output else "output.weight"
 
     def tensor(self, name: str) -> TensorData:
-        t = self.gguf.tensors.get(name)
-        if t is None:
-            raise VkdflashError(f"{self.gguf.path}: no tensor {name}")
-        return TensorData(t.type_id, t.shape, self.gguf.data(name))
+        return self.gguf.tensor(name)
 
     def close(self) -> None:
         self.gguf.close()

@@ -82,7 +82,7 @@ class DraftController:
         """Forget what the last request's text taught; keep what the device's costs did."""
         self.acceptance.reset()
         for part in self.parts.values():
-            part.new_request(self.probe_every)
+            part.new_request()
         self.served += self.steps + int(self.total[1])
         self.shadows.new_request()
         self.full, self.idle, self.wait, self.probing, self.steps = 0, 0, self.probe_every, False, 0
@@ -212,9 +212,9 @@ class DraftController:
             if firsts is None:
                 self.shadow = self.shadows.length(self, limit, horizon, setup)
             else:
-                shadow, asked = parts.shadow_lengths(self, limit, horizon, setup, firsts)
-                if shadow:  # else every part keeps its length (0)
-                    self.shadow, self.lengths = shadow, asked
+                self.shadow, asked = parts.shadow_lengths(self, limit, horizon, setup, firsts)
+                if self.shadow:  # else every part keeps its length (0)
+                    self.lengths = asked
         self.idle = 0 if k else self.idle + 1
         self.chosen.append(k)
         return k
@@ -301,7 +301,7 @@ class DraftController:
         if k and draft_seconds is not None:
             self.drafts.learn(k, draft_seconds)
         if source and drafted:
-            self.part(source).learn(drafted, accepted, self.fixed, source_k or k, draft_seconds, self.probe_every)
+            self.part(source).learn(drafted, accepted, self.fixed, source_k or k, draft_seconds)
         self.full = drafted if drafted and accepted == drafted else 0
         self.total += (drafted, accepted)
         self.steps += 1

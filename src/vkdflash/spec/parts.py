@@ -30,19 +30,19 @@ class Part:
         if record is not None:
             self.acceptance.expect(record)
         self.drafts.prior(drafts)
+        self.probe_every = probe_every
         self.idle, self.wait, self.probing = 0, probe_every, False
 
-    def new_request(self, probe_every: int) -> None:
+    def new_request(self) -> None:
         self.acceptance.reset()
-        self.idle, self.wait, self.probing = 0, probe_every, False
+        self.idle, self.wait, self.probing = 0, self.probe_every, False
 
-    def learn(self, drafted: int, accepted: int, fixed: bool, asked: int, seconds: float | None,
-              probe_every: int) -> None:
+    def learn(self, drafted: int, accepted: int, fixed: bool, asked: int, seconds: float | None) -> None:
         """After a step whose drafts this part proposed (asked for `asked`, in `seconds`; None: not
         a typical proposal, not learned)."""
         self.acceptance.learn(drafted, accepted, keep_record=fixed)
         if self.probing:
-            self.wait, self.probing = next_wait(self.wait, accepted, probe_every), False
+            self.wait, self.probing = next_wait(self.wait, accepted, self.probe_every), False
         if seconds is not None:
             self.drafts.learn(asked, seconds)
 
@@ -77,7 +77,8 @@ def lengths(control, room: int, setup=None, done: int | None = None, firsts: dic
 
 
 def shadow_lengths(control, limit: int, horizon: int, setup, firsts: dict) -> tuple[int, dict[str, int]]:
-    """A shadow step's length and the parts it asks: those whose first proposal a probe may pay."""
+    """A shadow step's length (0: none) and the parts it asks: those whose first proposal a probe
+    may pay."""
     cheapest = min(firsts.values(), default=0.0)
     shadow = control.shadows.length(control, limit, horizon, lambda rows: setup(rows) + cheapest)
     if not shadow:  # Shadow.length proposes one only where 1-row passes were timed

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import VkdflashError
-from ..model.model_file import TensorData
+from ..model.gguf_file import TensorData
 from .strategy import Option
 
 DRAFT_VOCAB = "vkdflash.draft.vocab"  # token ids, most frequent first
