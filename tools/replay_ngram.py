@@ -112,6 +112,7 @@ def main() -> None:
         curve = best_curve(model, widths)
         texts = {name: greedy_text(model, tok, p, args.n_gen) for name, p in PROMPTS.items()}
         width, device = model.pass_width, model.ctx.features.name
+        guesses = {n: model.pass_cost_guess(n) for n in range(1, args.draft_max + 2)}
     cost = lambda rows: curve[width(rows)]  # noqa: E731
     out = {"device": device, "draft_max": args.draft_max, "n_gen": args.n_gen,
            "curve": {str(n): s for n, s in curve.items()}, "prompts": {}}
@@ -121,7 +122,7 @@ def main() -> None:
         for mode in ("cost-aware", "fixed"):
             # the prior a first run caches (1, 2 and 4 rows); the rest the controller times itself
             control = DraftController(args.draft_max, {n: curve[n] for n in COLD_ROWS}, fixed=mode == "fixed",
-                                      width=width)
+                                      width=width, guess=guesses.get)
             seconds, steps = replay.controlled(control)
             figures[mode] = {"speedup": plain / seconds, "steps": len(steps), "trace": " ".join(steps)}
         figures["clairvoyant"] = {"speedup": plain / replay.clairvoyant(args.draft_max)}
