@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vkdflash.spec.controller import DraftController
+from vkdflash.spec.controller import WHOLE_DRAFT, DraftController
 from vkdflash.spec.costs import PERSIST_PASSES, _interp
 
 GPU = {n: 0.010 + 0.0002 * n for n in (1, 2, 4, 8, 16, 32)}          # verify nearly free
@@ -785,6 +785,36 @@ def test_a_strategy_that_proposes_on_a_third_of_the_steps_is_priced_by_the_steps
     # the stop rules judge the drafts it made, not the text's repeats: a draft as good as its
     # record is one that proposes when asked
     assert sparse.rates(4, np.zeros((4, 2)))[1] == pytest.approx(always.rates(4, np.zeros((4, 2)))[1])
+
+
+def test_a_draft_in_hand_caps_k_and_is_priced_as_proposed():
+    """A free strategy's draft, proposed before the choice: k is at most its length, and a step
+    with none is plain without counting as a choice; a compile is still weighed at the share of
+    steps that have a draft, so a lookup silent on most of a text buys none."""
+    c = trained(GPU, 0.9)
+    chosen = len(c.chosen)
+    assert c.choose(64, in_hand=3) == 3 and c.choose(64, in_hand=0) == 0 and len(c.chosen) == chosen + 1
+    assert DraftController(6, CPU, fixed=True).choose(10, in_hand=2) == 6  # --draft-fixed asks for k_max
+    sparse = DraftController(4, CPU)
+    for step in range(120):
+        if step % 3:
+            sparse.update(1, 0, 0, CPU[1], 0.0)  # asked, proposed nothing
+        else:
+            sparse.update(1, 1, int(step % 5 < 3), CPU[2], 0.0)
+    assert sparse.acceptance.offered() < 0.5
+    assert sparse.rates(1, in_hand=True)[1] > sparse.rates(1)[1]
+    setup = lambda rows: 0.0 if rows == 1 else 1.0  # noqa: E731 -- compiling a verify width
+    assert sparse.choose(200, setup, done=100, in_hand=4) == 0
+    assert sparse.choose(200, in_hand=4) > 0
+
+
+def test_a_draft_in_hand_is_taken_whole_where_that_prices_near_the_best():
+    """A shorter k than the rate's best would leave the draft's rest to a short step of its own."""
+    c = trained(CPU, 0.7)
+    rates = c.rates(8, in_hand=True)
+    best = int(np.argmax(rates))
+    assert 0 < best < 8 and rates[best + 1] >= WHOLE_DRAFT * rates[best] > rates[best + 2]
+    assert c.choose(64, in_hand=8) == best + 1
 
 
 def test_a_shadow_or_a_cascade_part_that_proposes_nothing_counts_as_asked():

@@ -77,8 +77,8 @@ def test_shadow_steps_keep_plain_output_and_count_what_would_have_held(warm):
     """Forced to shadow every step, a strategy that drafts the target's own continuation has all
     its shadow drafts matched; the text is plain decoding's, greedy and seeded alike."""
     class ShadowOnly(DraftController):
-        def choose(self, room, setup=None, done=None, firsts=None):
-            super().choose(room, setup, done, firsts)
+        def choose(self, room, setup=None, done=None, firsts=None, in_hand=None):
+            super().choose(room, setup, done, firsts, in_hand)
             self.shadow = 0 if self.shadows.pending else min(2, room)
             return 0
 

@@ -14,6 +14,7 @@ from vkdflash.model import load_model
 from vkdflash.model.forward import Model
 from vkdflash.sampling import Sampler
 from vkdflash.spec import Proposal, SpecStats, Strategy, StrategyOptions
+from vkdflash.spec.controller import DraftController
 from vkdflash.spec.engine import Speculator
 from vkdflash.spec.verify import verify, verify_greedy
 from vkdflash.tokenizer import Tokenizer
@@ -250,7 +251,6 @@ class AlwaysWrong(Strategy):
 
 
 def test_the_cost_aware_length_stops_drafting_what_is_never_accepted(target):
-    from vkdflash.spec.controller import DraftController
 
     class LinearCosts(DraftController):
         """Verify cost grows with every row (a CPU device), whatever this tiny model measures."""
@@ -307,7 +307,6 @@ def test_a_strategy_switched_off_against_its_record_says_what_may_be_wrong(targe
     """The controller drops a draft's record once the run's first drafts contradict it (design.md
     11), often before the watchdog has steps enough to warn: the switch-off line then names the
     causes the watchdog would have, and the log says when and why the record stopped counting."""
-    from vkdflash.spec.controller import DraftController
 
     class CheapVerify(DraftController):
         """A pass of 2 rows costs 1.1 of 1 (drafting at a_1 0.9 pays), whatever this model measures."""
@@ -381,7 +380,7 @@ class Laborious(Oracle):
 
 
 def test_a_strategy_that_costs_more_than_it_saves_is_switched_off_and_output_stays_the_same(target, caplog):
-    from vkdflash.spec.controller import STOP_STEPS, DraftController
+    from vkdflash.spec.controller import STOP_STEPS
     model, tok = target
     plain, _ = run(model, tok, n=40)
     stats = SpecStats()
@@ -412,7 +411,6 @@ def test_bench_spec_warms_every_length_before_the_measured_run(target):
     """The warm-up asks for 1, 2, .., draft max in turn and records every verify length, so the
     measured run is the steady state: no kernel compiles for the controller to avoid there."""
     from vkdflash import bench
-    from vkdflash.spec.controller import DraftController
     model, tok = target
     plain, _ = run(model, tok, n=40)
     asked = []
@@ -434,7 +432,6 @@ class Short(Asked):
 
 
 def test_draft_max_is_capped_at_what_the_strategy_can_draft(target, caplog):
-    from vkdflash.spec.controller import DraftController
     model, tok = target
     plain, _ = run(model, tok, n=40)
     asked, stats = [], SpecStats()
@@ -450,7 +447,6 @@ def test_draft_max_is_capped_at_what_the_strategy_can_draft(target, caplog):
 
 def test_bench_spec_warms_only_the_lengths_a_strategy_drafts(target):
     from vkdflash import bench
-    from vkdflash.spec.controller import DraftController
     model, tok = target
     plain, _ = run(model, tok, n=40)
     asked = []
@@ -479,7 +475,6 @@ class Compiling(Oracle):
 
 @pytest.mark.parametrize("strategy, learned", [(Oracle, True), (Compiling, False)])
 def test_a_proposal_that_compiled_is_not_learned_as_drafting_cost(target, strategy, learned):
-    from vkdflash.spec.controller import DraftController
     model, tok = target
     plain, _ = run(model, tok, n=40)
     control = DraftController(3, {n: 0.002 * n for n in (1, 2, 4, 8)}, fixed=True)
@@ -496,7 +491,6 @@ def test_a_proposal_that_compiled_is_not_learned_as_drafting_cost(target, strate
 def test_a_strategys_first_proposals_of_a_shape_are_not_learned(target):
     """They run cold (the shipped MTP head's: 9.1 and 6.6 ms, then 2.5-2.8): the first
     COLD_PROPOSALS of each (asked, drafted) shape reach the controller untimed, the rest timed."""
-    from vkdflash.spec.controller import DraftController
     from vkdflash.spec.engine import COLD_PROPOSALS
 
     class Logged(DraftController):
@@ -526,7 +520,6 @@ def test_with_no_cached_curve_a_run_measures_it_mid_way_only_where_that_pays(tar
     after the request's context (which must survive it: the output stays plain decoding's) and
     the oracle drafts."""
     from vkdflash.spec import curve
-    from vkdflash.spec.controller import DraftController
 
     class Judged(DraftController):
         def measuring_pays(self, room, compile_seconds, passes):
@@ -579,7 +572,6 @@ def test_a_mid_run_measurement_leaves_a_rotated_quantized_cache_as_it_was(target
     """The measuring passes write K/V past the request's context (through the one write path,
     rotated and quantized) and are rolled back: greedy output stays plain decoding's."""
     from vkdflash.spec import curve
-    from vkdflash.spec.controller import DraftController
     shared, tok = target
     model = Model(shared.ctx, shared.mf, n_ctx=128, ctk=ctype, ctv=ctype)
     try:
@@ -620,7 +612,6 @@ def test_a_strategys_first_proposal_is_priced_as_the_last_process_measured_it(ta
     default run bought unpriced and lost. Measured once, the next process weighs it as a compile:
     a short run stays plain; where the strategy already proposed on this device context, nothing."""
     from vkdflash.spec import curve
-    from vkdflash.spec.controller import DraftController
     monkeypatch.setenv("VKDFLASH_CURVES", str(tmp_path / "curves.json"))
     monkeypatch.setattr(curve, "_proposed", type(curve._proposed)())
     model, tok = target
@@ -650,7 +641,6 @@ def test_a_cascade_prices_each_parts_first_proposal_apart(target, tmp_path, monk
     drafts, the slow part is never asked, and each part's first proposal is recorded under its own name."""
     from vkdflash.spec import curve
     from vkdflash.spec.cascade import Cascade
-    from vkdflash.spec.controller import DraftController
     monkeypatch.setenv("VKDFLASH_CURVES", str(tmp_path / "curves.json"))
     monkeypatch.setattr(curve, "_proposed", type(curve._proposed)())
     model, tok = target
@@ -684,7 +674,6 @@ def test_a_cascade_part_switched_off_is_no_longer_priced_or_asked(target, caplog
     """A part that raised is off for good: the controller prices only the parts still on (a dead
     part's length had kept the step asking the cascade, which asked nobody)."""
     from vkdflash.spec.cascade import Cascade
-    from vkdflash.spec.controller import DraftController
     model, tok = target
     plain, _ = run(model, tok, n=24)
     model.forward(PROMPT[:2], all_logits=True, greedy=True)
@@ -825,6 +814,45 @@ class Sometimes(Oracle):
     def propose(self, ctx, last_token, max_n):
         self.asked += 1
         return super().propose(ctx, last_token, max_n) if self.asked % 3 == 0 else Proposal([])
+
+
+class FreeSometimes(Sometimes):
+    """Sometimes, declared free: the engine asks it before choosing k."""
+    free_proposals = True
+
+    def __init__(self, reference: list):
+        super().__init__(reference)
+        self.max_ns = []
+
+    def propose(self, ctx, last_token, max_n):
+        self.max_ns.append(max_n)
+        return super().propose(ctx, last_token, max_n)
+
+
+def test_a_free_strategy_is_asked_for_its_longest_draft_before_k_is_chosen(target):
+    """Once a step, for as many drafts as the step may take; the controller chooses k with that
+    draft in hand (none: a plain step) and the step verifies its first k. Output stays plain's."""
+    model, tok = target
+    reference, _ = run(model, tok, n=40)
+
+    class Seen(DraftController):
+        def choose(self, room, setup=None, done=None, firsts=None, in_hand=None):
+            k = super().choose(room, setup, done, firsts, in_hand)
+            choices.append((room, in_hand, k))
+            return k
+
+    choices, stats, strategy = [], SpecStats(), FreeSometimes(reference)
+    control = Seen(4, {1: 0.002, 2: 0.0021, 4: 0.0022, 8: 0.0023})  # verify nearly free: drafts pay
+    spec = Speculator(model, "free", lambda ctx: strategy, StrategyOptions(draft_max=4), stats, control)
+    gen_stats = Stats()
+    list(generate(model, tok, PROMPT, 40, Sampler(temp=0.0), (), gen_stats, spec))
+    spec.close()
+    assert gen_stats.tokens == reference
+    asked = [(room, in_hand, k) for room, in_hand, k in choices if room > 0]
+    assert strategy.max_ns == [min(4, room) for room, _, _ in asked]
+    assert all(0 <= k <= in_hand for _, in_hand, k in asked)
+    assert any(k for *_, k in asked) and any(in_hand == 0 for _, in_hand, _ in asked)
+    assert stats.drafted == sum(k for *_, k in asked) and stats.accepted == stats.drafted
 
 
 def test_the_engine_tells_the_controller_how_often_a_strategy_proposes_when_asked(target):

@@ -205,6 +205,8 @@ A1 = "expected_first_acceptance must be None or a number in 0..1,"
     (dict(longest_draft=True), "longest_draft must be None or a positive whole number, not True"),
     (dict(longest_draft=0), "longest_draft must be None or a positive whole number, not 0"),
     (dict(longest_draft=2.0), "longest_draft must be None or a positive whole number, not 2.0"),
+    (dict(free_proposals="yes"), "free_proposals must be True or False, not 'yes'"),
+    (dict(free_proposals=1), "free_proposals must be True or False, not 1"),
 ])
 def test_a_bad_declared_attribute_is_one_line_as_the_strategy_starts(target, attributes, why):
     model, _ = target

@@ -36,7 +36,8 @@ from vkdflash.spec.controller import DraftController  # noqa: E402
 from vkdflash.spec.curve import measure  # noqa: E402
 
 PROMPTS = {"repeating code": REPEATING_CODE, "is_prime": "def is_prime(n):",
-           "json loader": "import json\n\ndef load_config(path):"}
+           "json loader": "import json\n\ndef load_config(path):",
+           "story": "Once upon a time, a little fox lived in the forest. One day the fox"}
 COLD_ROWS = (1, 2, 4)  # what a first run measures (curve.FIRST_ROWS): the controller learns the rest live
 
 
@@ -67,21 +68,30 @@ class Replay:
         self.prompt, self.gen, self.cost = prompt, gen, cost
         self.lookup = PromptLookup(SimpleNamespace(options=SimpleNamespace(settings={})))
 
-    def step(self, i: int, k: int) -> tuple[int, int]:
-        """(drafted, accepted) asking for k drafts with gen[:i] committed (gen[i - 1] the last)."""
+    def draft(self, i: int, k: int) -> list:
+        """What ngram proposes asked for k drafts with gen[:i] committed (gen[i - 1] the last)."""
         if not k:
-            return 0, 0
-        ctx = SimpleNamespace(tokens=self.prompt + self.gen[:i - 1])
-        draft = self.lookup.propose(ctx, self.gen[i - 1], k).tokens
+            return []
+        return self.lookup.propose(SimpleNamespace(tokens=self.prompt + self.gen[:i - 1]), self.gen[i - 1], k).tokens
+
+    def accepted(self, i: int, draft: list) -> int:
         accepted = next((j for j, (a, b) in enumerate(zip(draft, self.gen[i:])) if a != b), len(draft))
-        return len(draft), min(accepted, len(self.gen) - i - 1)
+        return min(accepted, len(self.gen) - i - 1)
+
+    def step(self, i: int, k: int) -> tuple[int, int]:
+        """(drafted, accepted) asking for k drafts at i."""
+        draft = self.draft(i, k)
+        return len(draft), self.accepted(i, draft)
 
     def controlled(self, control: DraftController) -> tuple[float, list]:
-        """Seconds and steps (k asked / drafted / accepted) with the controller choosing k."""
+        """Seconds and steps (k asked / drafted / accepted) with the controller choosing k, the
+        longest draft in hand as the engine asks a free strategy (Strategy.free_proposals)."""
         i, seconds, steps = 1, 0.0, []
         while i < len(self.gen):
-            k = control.choose(len(self.gen) - i, None, i)
-            drafted, accepted = self.step(i, k)
+            room = len(self.gen) - i
+            held = self.draft(i, min(control.k_max, room))
+            k = control.choose(room, None, i, None, len(held))
+            drafted, accepted = len(held[:k]), self.accepted(i, held[:k])
             cost = self.cost(drafted + 1)
             control.update(k, drafted, accepted, cost, 0.0 if k else None)
             control.committed(self.gen[i:i + accepted + 1])

@@ -30,6 +30,7 @@ N = Option("n", int, 3, "longest n-gram looked up (the last n committed tokens, 
 
 class PromptLookup(Strategy):
     name = "ngram"
+    free_proposals = True  # a lookup in the committed text: the engine asks before choosing k
 
     def __init__(self, ctx):
         self.max_ngram = ctx.options.settings.get(N.key, N.default)

@@ -142,8 +142,8 @@ def verify_curve(m, rows=ROWS, context: int = 64, reps: int = 5) -> dict:
 class Sweep(DraftController):
     """Asks for 1, 2, .., k_max drafts in turn: a warm-up that compiles every length's kernels."""
 
-    def choose(self, room: int, setup=None, done=None, firsts=None) -> int:
-        k = min(len(self.chosen) % self.k_max + 1, room)
+    def choose(self, room: int, setup=None, done=None, firsts=None, in_hand=None) -> int:
+        k = min(len(self.chosen) % self.k_max + 1, room, self.k_max if in_hand is None else in_hand)
         self.chosen.append(k)
         return k  # a cascade's parts sweep too (no `lengths`)
 

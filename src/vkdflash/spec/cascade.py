@@ -154,7 +154,8 @@ class _Part:
             strategy = factory(ctx)
             if strategy is None:
                 raise VkdflashError("its factory returned nothing")
-            return cls(name, strategy, options, *declared(strategy, ctx.target.hparams.n_layer))
+            # free_proposals is a lone strategy's: the engine asks a cascade's parts in turn, each at its own length
+            return cls(name, strategy, options, *declared(strategy, ctx.target.hparams.n_layer)[:3])
         except Exception as exc:  # noqa: BLE001 -- one line naming the part
             if strategy is not None:
                 try:

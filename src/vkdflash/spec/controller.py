@@ -40,6 +40,8 @@ from .costs import DraftCosts, VerifyCosts, argmax, bought
 from .shadow import Shadow
 from .verdict import STOP_RATIO, STOP_STEPS, at_record, verdict
 
+WHOLE_DRAFT = 0.97  # with a draft in hand, the longest k priced this near the best (design.md 11: over 11
+                    # replayed texts and 3 curves, +3.5% where the best k alone gave +2.8%)
 UNTIMED = "no 1-row pass was timed before the run ended"  # why a run with no cached curve measured none
 
 
@@ -125,11 +127,12 @@ class DraftController:
     def c_draft(self, k: int) -> float:
         return self.drafts.cost(k)
 
-    def expected_tokens(self, limit: int, counts=None, acceptance=None, cautious: bool = False) -> list[float]:
+    def expected_tokens(self, limit: int, counts=None, acceptance=None, cautious: bool = False,
+                        offered: float | None = None) -> list[float]:
         """E(k), tokens a step commits with k = 0..limit drafts (plain Python: the controller runs
         every step, and numpy's per-call cost on these few values was 2% of a lavapipe decode step)."""
         acceptance = acceptance or self.acceptance
-        offered = _offered(acceptance, counts)
+        offered = _offered(acceptance, counts) if offered is None else offered
         tokens, reach, expected = [1.0], 1.0, 0.0
         for a in acceptance.estimate(counts, cautious)[:limit].tolist():
             reach *= a
@@ -137,16 +140,17 @@ class DraftController:
             tokens.append(1.0 + offered * expected)
         return tokens
 
-    def rates(self, limit: int, counts=None, verify=None, part=None, cautious: bool = False) -> list[float]:
+    def rates(self, limit: int, counts=None, verify=None, part=None, cautious: bool = False,
+              in_hand: bool = False) -> list[float]:
         """Committed tokens per second with k = 0..limit drafts (verify: the pass prices, c_verify
         unless given; part: a cascade part's (Acceptance, DraftCosts) instead of the strategy's;
-        cautious: Acceptance.estimate's); a step that asks and gets no drafts runs plain
-        decoding's 1-row pass."""
+        cautious: Acceptance.estimate's; in_hand: a step whose drafts are proposed already); a step
+        that asks and gets no drafts runs plain decoding's 1-row pass."""
         verify = verify or self.c_verify
         acceptance, drafts = part or (self.acceptance, self.drafts)
-        offered, plain = _offered(acceptance, counts), verify(1)
+        offered, plain = 1.0 if in_hand else _offered(acceptance, counts), verify(1)
         return [t / (offered * verify(k + 1) + (1.0 - offered) * plain + drafts.cost(k) + self.overhead)
-                for k, t in enumerate(self.expected_tokens(limit, counts, acceptance, cautious))]
+                for k, t in enumerate(self.expected_tokens(limit, counts, acceptance, cautious, offered))]
 
     def expected_rate(self, k: int) -> float:
         return self.rates(k)[k]
@@ -170,7 +174,8 @@ class DraftController:
         self.overhead = float(median(self.overheads))
 
     # -- deciding and learning -------------------------------------------------------
-    def choose(self, room: int, setup=None, done: int | None = None, firsts: dict | None = None) -> int:
+    def choose(self, room: int, setup=None, done: int | None = None, firsts: dict | None = None,
+               in_hand: int | None = None) -> int:
         """k for the next step, at most `room` (the tokens left to generate). setup(rows): seconds
         a first pass of that many rows costs before it runs (kernel compiles: ~1.6 s for a new
         batch width on lavapipe, more than a short run can earn back), paid only where the
@@ -181,9 +186,14 @@ class DraftController:
         without it would have bought it, so a run that ends then pays at most twice the best).
         firsts: a cascade's {part: seconds its first proposal will take} (setup then prices the
         passes alone): each part gets its own length (part_lengths, kept in `lengths`) and the
-        step asks for the longest."""
+        step asks for the longest. in_hand: the length of a free strategy's draft, proposed before
+        the choice (Strategy.free_proposals): k is at most that (0: a plain step, neither idle nor
+        a choice), and the step prices the draft as proposed, not by the chance that a step gets
+        one, so a lookup silent on most of a text drafts where it has a draft."""
+        if self.fixed:
+            in_hand = None  # always k_max, as without a draft in hand (what --draft-fixed measures)
         horizon, setup = self.horizon(room, done), setup or (lambda rows: 0.0)
-        limit = min(self.k_max, room)
+        limit = min(self.k_max, room, self.k_max if in_hand is None else in_hand)
         self.shadow, self.lengths = 0, {}
         if limit <= 0:
             return 0
@@ -197,12 +207,16 @@ class DraftController:
         else:
             # plain decoding's own pass is compiled sooner or later whatever this step drafts: in a
             # cold process pricing it here made the first step draft (a 2-row compile, ~1.6 s)
-            rates = self.rates(limit)
+            # a compile is weighed over the horizon, whose steps have a draft as often as the strategy offers one
+            rates = self.rates(limit, in_hand=in_hand is not None)
             k = bought(limit, horizon, setup, rates, lambda: self.rates(limit, cautious=True))
+            if in_hand is not None and k:  # a shorter k leaves the draft's rest to a short step of its own
+                k = max(j for j in range(k, limit + 1)
+                        if j == k or (rates[j] >= WHOLE_DRAFT * rates[k] and not setup(j + 1)))
             self.held += k < argmax(rates)
             reach = min(limit, 2 * self.full + 1)
             if self.full and reach > k and self.costs.width(reach + 1) not in self.costs.live \
-                    and self._affordable(reach, horizon, setup) and self._may_pay(reach, rates[k]):
+                    and self._affordable(reach, horizon, setup) and self._may_pay(reach, rates[k], in_hand is not None):
                 k = reach  # the last drafts all held: learn what a longer verify costs here
             self.probing = k == 0 and self.idle >= self.wait
             if self.probing:
@@ -276,13 +290,13 @@ class DraftController:
             if self._shadow_source:
                 self.part(self._shadow_source).acceptance.learn(*decided)
 
-    def _may_pay(self, j: int, rate: float) -> bool:
+    def _may_pay(self, j: int, rate: float, in_hand: bool) -> bool:
         """Whether j drafts would beat `rate` were their pass to cost what the kernels guess (the
         cached shape may be wrong, the kernels' slot arithmetic not by much): trying 2k + 1 after
         each accepted single draft, the MTP head (its chained second draft rarely right) compiled
         and ran 4- and 8-row passes no rate would choose."""
         c_1 = self.c_verify(1)
-        return self.rates(j, verify=lambda rows: self.guess(rows) * c_1)[j] > rate
+        return self.rates(j, verify=lambda rows: self.guess(rows) * c_1, in_hand=in_hand)[j] > rate
 
     def update(self, k: int, drafted: int, accepted: int, verify_seconds: float | None,
                draft_seconds: float | None, source: str = "", source_k: int = 0, declined=()) -> None:

@@ -101,7 +101,7 @@ class Speculator:
             self.strategy = factory(self.ctx)
             if self.strategy is None:
                 raise VkdflashError("its factory returned nothing")
-            self.capture, self.expected, longest = declared(self.strategy, model.hp.n_layer)
+            self.capture, self.expected, longest, self._free = declared(self.strategy, model.hp.n_layer)
             if isinstance(self.strategy, Cascade):
                 self._cascade(self.strategy.parts)
         except Exception as exc:  # noqa: BLE001 -- one line, never a plugin's traceback
@@ -229,20 +229,30 @@ class Speculator:
             parts = self.parts if self._active else []
             firsts = self._firsts(parts) if parts else None
             setup = passes if firsts is not None else lambda rows: passes(rows) + self._first_seconds  # noqa: E731
-            drafting = self.control.choose(room, setup, emitted, firsts) if self._active else 0
+            held, held_seconds = None, 0.0  # a free strategy's longest draft, in hand before k is chosen
+            if self._active and self._free and room > 0:
+                t0 = time.perf_counter()
+                held = self._propose(last, min(self.control.k_max, room))
+                held_seconds = time.perf_counter() - t0
+            in_hand = None if held is None else len(held.tokens)
+            drafting = self.control.choose(room, setup, emitted, firsts, in_hand) if self._active else 0
             ask = drafting or (self.control.shadow if self._active else 0)  # a shadow: proposed, not verified
             lengths = self.control.lengths if self._active else {}
             asked = {name: lengths.get(name, ask) for name in parts} if ask else {}
             if parts:
                 self.strategy.lengths = asked
             t0, kernels = time.perf_counter(), len(model.ctx.pipelines)
-            prop = self._propose(last, ask) if ask > 0 else Proposal([])
+            if held is not None:
+                prop = Proposal(held.tokens[:ask], None if held.probs is None else held.probs[:ask], held.source)
+                t0 -= held_seconds  # what the proposal cost, as if asked now
+            else:
+                prop = self._propose(last, ask) if ask > 0 else Proposal([])
             t1, compiled = time.perf_counter(), len(model.ctx.pipelines) > kernels
             if ask > 0 and parts and self.costs and self._active:
                 for name, seconds in self.strategy.timed.items():
                     if name in self.costs.parts:
                         self.costs.parts[name].proposed(seconds)
-            elif ask > 0 and not self._proposed:
+            elif (ask > 0 or held is not None) and not self._proposed:
                 self._proposed, self._first_seconds = True, 0.0
                 if self.costs:
                     self.costs.proposed(t1 - t0)

@@ -221,6 +221,10 @@ class Strategy:
     # the most tokens propose() ever drafts (a DFlash block's size - 1), None: no bound of its own;
     # the engine caps --draft-max there, so the draft-length controller never prices longer drafts
     longest_draft: int | None = None
+    # True where propose() does no device work and costs next to nothing (a lookup in the committed
+    # text): the engine asks for the longest draft before choosing k, so the draft-length controller
+    # prices the draft in hand, not the chance that there is one
+    free_proposals: bool = False
 
     def begin(self, ctx: StrategyContext) -> None:
         pass
@@ -236,7 +240,7 @@ class Strategy:
 
 
 def declared(strategy, n_layer: int) -> tuple:
-    """A strategy's capture_layers, expected_first_acceptance and longest_draft, checked (a bad
+    """A strategy's capture_layers, expected_first_acceptance, longest_draft and free_proposals, checked (a bad
     one is the plugin's bug, said as it starts, not a traceback or a silent misprice later)."""
     capture = getattr(strategy, "capture_layers", ())
     try:
@@ -253,8 +257,11 @@ def declared(strategy, n_layer: int) -> tuple:
     longest = getattr(strategy, "longest_draft", None)
     if longest is not None and not (_whole(longest) and longest > 0):
         raise VkdflashError(f"longest_draft must be None or a positive whole number, not {reprlib.repr(longest)}")
+    free = getattr(strategy, "free_proposals", False)
+    if not isinstance(free, bool):
+        raise VkdflashError(f"free_proposals must be True or False, not {reprlib.repr(free)}")
     return (tuple(int(c) for c in layers), None if expected is None else float(expected),
-            None if longest is None else int(longest))
+            None if longest is None else int(longest), free)
 
 
 def _whole(value) -> bool:
