@@ -182,7 +182,7 @@ def test_stats_count_acceptance_per_part():
 
 def test_the_built_in_strategies_that_run_no_model_lead_the_default(fresh_plugins, monkeypatch):
     from vkdflash import plugins
-    assert plugins.model_free() == ["ngram"]  # dflash, mtp and draft claim or ship draft files
+    assert plugins.model_free() == ["ngram"]  # the one built-in that declares free proposals
     monkeypatch.setenv("VKDFLASH_PLUGINS", "mtp,dflash")
     plugins.reset()
     assert plugins.model_free() == []

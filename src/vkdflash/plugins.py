@@ -288,13 +288,11 @@ def lookup(name: str) -> Registered:
 
 
 def model_free() -> list[str]:
-    """Built-in strategies that run no model (their plugin neither claims draft files nor ships
-    drafts: ngram's lookup of earlier text). Asking one costs next to nothing, so they lead the
-    default cascade (cli_spec.SpecRequest.resolve_for)."""
-    pm, found = manager(), strategies()
-    modelled = {impl.plugin_name for hook in (pm.hook.claim_draft_file, pm.hook.shipped_drafts)
-                for impl in hook.get_hookimpls()}
-    return sorted(n for n, r in found.items() if r.plugin in _builtin and r.plugin not in modelled)
+    """Built-in strategies that run no model: their proposals are free (Strategy.free_proposals:
+    ngram's lookup of earlier text). Asking one costs next to nothing, so they lead the default
+    cascade (cli_spec.SpecRequest.resolve_for)."""
+    return sorted(n for n, r in strategies().items()
+                  if r.plugin in _builtin and getattr(r.factory, "free_proposals", False) is True)
 
 
 def draft_takers() -> list[str]:
