@@ -37,26 +37,19 @@ def test_past_a_varying_slot_it_goes_on_from_the_tokens_before_it_where_two_repe
     assert propose(classes(2) + [SEP, CLS, POINT, 4]) == []
 
 
-def scanned(history: list, end: int, max_n: int, n_max: int, need: int, skip: int = 0) -> list:
+class Scanning(PromptLookup):
     """The lookup as a scan of the whole text (what the index must give)."""
-    for n in range(min(n_max, end - 1), 0, -1):
+
+    def _newest(self, history, end, n):
         tail = history[end - n:end]
-        ends = [s + n + skip for s in range(end - n - 1, -1, -1) if history[s:s + n] == tail][:2]
-        if ends:
-            if len(ends) < need:
-                return []
-            draft = history[ends[0]:ends[0] + max_n]
-            if len(ends) > 1:
-                other = history[ends[1]:ends[1] + len(draft)]
-                draft = draft[:next((i for i, (a, b) in enumerate(zip(draft, other)) if a != b), len(draft))]
-            return draft
-    return []
+        return [s for s in range(end - n - 1, -1, -1) if history[s:s + n] == tail][:2]
 
 
 def test_the_index_proposes_what_a_scan_of_the_text_would():
     rng = random.Random(7)
     for n in (1, 2, 3, 4):
-        lookup = PromptLookup(SimpleNamespace(options=SimpleNamespace(settings={"n": n})))
+        settings = SimpleNamespace(options=SimpleNamespace(settings={"n": n}))
+        lookup, scan = PromptLookup(settings), Scanning(settings)
         for text in range(6):
             tokens = [rng.randrange(4 + 3 * text) for _ in range(300)]
             if text % 3:
@@ -65,7 +58,5 @@ def test_the_index_proposes_what_a_scan_of_the_text_would():
             # without begin() and starts shorter (indexed again), as a replay of positions does
             cuts = sorted(rng.sample(range(1, len(tokens)), 60)) if text % 3 else range(1, len(tokens))
             for cut in cuts:
-                history = tokens[:cut + 1]
-                want = (scanned(history, len(history), 8, n, need=1)
-                        or scanned(history, len(history) - 1, 8, n, need=2, skip=1))
-                assert lookup.propose(SimpleNamespace(tokens=tokens[:cut]), tokens[cut], 8).tokens == want
+                ctx = SimpleNamespace(tokens=tokens[:cut])
+                assert lookup.propose(ctx, tokens[cut], 8).tokens == scan.propose(ctx, tokens[cut], 8).tokens

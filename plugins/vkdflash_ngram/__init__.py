@@ -68,10 +68,7 @@ class PromptLookup(Strategy):
         (`skip` tokens after it), cut where the occurrence before it went on differently; nothing
         when that n-gram occurred fewer than `need` times."""
         for n in range(min(self.max_ngram, end - 1), 0, -1):
-            starts = self.starts[n - 1].get(tuple(history[end - n:end]), ())
-            # the two newest earlier occurrences (each ends before the tail does): recent context predicts best
-            newest = bisect_right(starts, end - n - 1)
-            ends = [start + n + skip for start in reversed(starts[max(0, newest - 2):newest])]
+            ends = [start + n + skip for start in self._newest(history, end, n)]  # recent context predicts best
             if ends:
                 if len(ends) < need:
                     return []
@@ -81,6 +78,13 @@ class PromptLookup(Strategy):
                     draft = draft[:next((i for i, (a, b) in enumerate(zip(draft, other)) if a != b), len(draft))]
                 return draft
         return []
+
+    def _newest(self, history: list, end: int, n: int) -> list:
+        """Where the two newest earlier occurrences of history[end - n:end] start, newest first
+        (each ends before that tail does)."""
+        starts = self.starts[n - 1].get(tuple(history[end - n:end]), ())
+        newest = bisect_right(starts, end - n - 1)
+        return starts[max(0, newest - 2):newest][::-1]
 
 
 @hookimpl
