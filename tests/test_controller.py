@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vkdflash.spec.controller import WHOLE_DRAFT, DraftController
-from vkdflash.spec.costs import PERSIST_PASSES, _interp
+from vkdflash.spec.controller import DraftController
+from vkdflash.spec.costs import PERSIST_PASSES, WHOLE_DRAFT, _interp
 
 GPU = {n: 0.010 + 0.0002 * n for n in (1, 2, 4, 8, 16, 32)}          # verify nearly free
 CPU = {1: 0.066, 2: 0.080, 4: 0.101, 8: 0.150, 16: 0.250, 32: 0.460}   # lavapipe-like, n=16 ~3.8x

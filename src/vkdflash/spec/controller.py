@@ -36,12 +36,10 @@ import numpy as np
 
 from . import parts
 from .acceptance import Acceptance
-from .costs import DraftCosts, VerifyCosts, argmax, bought
+from .costs import DraftCosts, VerifyCosts, argmax, bought, whole_draft
 from .shadow import Shadow
 from .verdict import STOP_RATIO, STOP_STEPS, at_record, verdict
 
-WHOLE_DRAFT = 0.97  # with a draft in hand, the longest k priced this near the best (design.md 11: over 11
-                    # replayed texts and 3 curves, +3.5% where the best k alone gave +2.8%)
 UNTIMED = "no 1-row pass was timed before the run ended"  # why a run with no cached curve measured none
 
 
@@ -175,7 +173,7 @@ class DraftController:
 
     # -- deciding and learning -------------------------------------------------------
     def choose(self, room: int, setup=None, done: int | None = None, firsts: dict | None = None,
-               in_hand: int | None = None) -> int:
+               in_hand: int | dict | None = None) -> int:
         """k for the next step, at most `room` (the tokens left to generate). setup(rows): seconds
         a first pass of that many rows costs before it runs (kernel compiles: ~1.6 s for a new
         batch width on lavapipe, more than a short run can earn back), paid only where the
@@ -187,13 +185,15 @@ class DraftController:
         firsts: a cascade's {part: seconds its first proposal will take} (setup then prices the
         passes alone): each part gets its own length (part_lengths, kept in `lengths`) and the
         step asks for the longest. in_hand: the length of a free strategy's draft, proposed before
-        the choice (Strategy.free_proposals): k is at most that (0: a plain step, neither idle nor
-        a choice), and the step prices the draft as proposed, not by the chance that a step gets
-        one, so a lookup silent on most of a text drafts where it has a draft."""
+        the choice (Strategy.free_proposals; a cascade's: {part: length}): k is at most that (0: a
+        plain step, neither idle nor a choice), and the step prices the draft as proposed, not by
+        the chance that a step gets one, so a lookup silent on most of a text drafts where it has
+        a draft."""
         if self.fixed:
             in_hand = None  # always k_max, as without a draft in hand (what --draft-fixed measures)
+        lone = in_hand if isinstance(in_hand, int) else None
         horizon, setup = self.horizon(room, done), setup or (lambda rows: 0.0)
-        limit = min(self.k_max, room, self.k_max if in_hand is None else in_hand)
+        limit = min(self.k_max, room, self.k_max if lone is None else lone)
         self.shadow, self.lengths = 0, {}
         if limit <= 0:
             return 0
@@ -202,21 +202,20 @@ class DraftController:
         elif self.unmeasured:
             k = 0  # plain until a curve is measured
         elif firsts is not None:
-            self.lengths = self.part_lengths(room, setup, done, firsts)
+            self.lengths = self.part_lengths(room, setup, done, firsts, in_hand)
             k = max(self.lengths.values(), default=0)
         else:
             # plain decoding's own pass is compiled sooner or later whatever this step drafts: in a
             # cold process pricing it here made the first step draft (a 2-row compile, ~1.6 s)
             # a compile is weighed over the horizon, whose steps have a draft as often as the strategy offers one
-            rates = self.rates(limit, in_hand=in_hand is not None)
+            rates = self.rates(limit, in_hand=lone is not None)
             k = bought(limit, horizon, setup, rates, lambda: self.rates(limit, cautious=True))
-            if in_hand is not None and k:  # a shorter k leaves the draft's rest to a short step of its own
-                k = max(j for j in range(k, limit + 1)
-                        if j == k or (rates[j] >= WHOLE_DRAFT * rates[k] and not setup(j + 1)))
+            if lone is not None:
+                k = whole_draft(k, limit, rates, setup)
             self.held += k < argmax(rates)
             reach = min(limit, 2 * self.full + 1)
             if self.full and reach > k and self.costs.width(reach + 1) not in self.costs.live \
-                    and self._affordable(reach, horizon, setup) and self._may_pay(reach, rates[k], in_hand is not None):
+                    and self._affordable(reach, horizon, setup) and self._may_pay(reach, rates[k], lone is not None):
                 k = reach  # the last drafts all held: learn what a longer verify costs here
             self.probing = k == 0 and self.idle >= self.wait
             if self.probing:
@@ -233,9 +232,10 @@ class DraftController:
         self.chosen.append(k)
         return k
 
-    def part_lengths(self, room: int, setup=None, done: int | None = None, firsts: dict | None = None) -> dict[str, int]:
+    def part_lengths(self, room: int, setup=None, done: int | None = None, firsts: dict | None = None,
+                     in_hand: dict | None = None) -> dict[str, int]:
         """A cascade's draft length per part (parts.lengths)."""
-        return parts.lengths(self, room, setup, done, firsts)
+        return parts.lengths(self, room, setup, done, firsts, in_hand)
 
     def _affordable(self, j: int, horizon: int, setup) -> bool:
         """Whether j drafts' first pass costs no more than the pass itself, or little next to the

@@ -229,12 +229,14 @@ class Speculator:
             parts = self.parts if self._active else []
             firsts = self._firsts(parts) if parts else None
             setup = passes if firsts is not None else lambda rows: passes(rows) + self._first_seconds  # noqa: E731
-            held, held_seconds = None, 0.0  # a free strategy's longest draft, in hand before k is chosen
-            if self._active and self._free and room > 0:
+            # a free strategy's longest draft (a cascade's free parts': Cascade.hold), in hand before k is chosen
+            held, held_seconds, in_hand = None, 0.0, None
+            if self._active and room > 0 and parts:
+                in_hand = self._guard("propose", lambda: self.strategy.hold(self.ctx, last, min(self.control.k_max, room)))
+            elif self._active and room > 0 and self._free:
                 t0 = time.perf_counter()
                 held = self._propose(last, min(self.control.k_max, room))
-                held_seconds = time.perf_counter() - t0
-            in_hand = None if held is None else len(held.tokens)
+                held_seconds, in_hand = time.perf_counter() - t0, len(held.tokens)
             drafting = self.control.choose(room, setup, emitted, firsts, in_hand) if self._active else 0
             ask = drafting or (self.control.shadow if self._active else 0)  # a shadow: proposed, not verified
             lengths = self.control.lengths if self._active else {}
