@@ -796,12 +796,10 @@ def test_a_draft_in_hand_caps_k_and_is_priced_as_proposed():
     assert c.choose(64, in_hand=3) == 3 and c.choose(64, in_hand=0) == 0 and len(c.chosen) == chosen + 1
     assert DraftController(6, CPU, fixed=True).choose(10, in_hand=2) == 6  # --draft-fixed asks for k_max
     sparse = DraftController(4, CPU)
-    for step in range(120):
-        if step % 3:
-            sparse.update(1, 0, 0, CPU[1], 0.0)  # asked, proposed nothing
-        else:
-            sparse.update(1, 1, int(step % 5 < 3), CPU[2], 0.0)
-    assert sparse.acceptance.offered() < 0.5
+    for step in range(120):  # a draft in hand on every third step, counted once whatever k is
+        k = sparse.choose(200, in_hand=0 if step % 3 else 1)
+        sparse.update(k, k, int(k and step % 5 < 3), CPU[k + 1], 0.0 if k else None)
+    assert sparse.acceptance.offered() == pytest.approx(1 / 3, abs=0.1)
     assert sparse.rates(1, in_hand=True)[1] > sparse.rates(1)[1]
     setup = lambda rows: 0.0 if rows == 1 else 1.0  # noqa: E731 -- compiling a verify width
     assert sparse.choose(200, setup, done=100, in_hand=4) == 0

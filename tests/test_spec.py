@@ -879,8 +879,10 @@ def test_a_cascades_free_part_is_asked_before_the_lengths_are_chosen(target):
                       control)
     gen_stats = Stats()
     list(generate(model, tok, PROMPT, 40, Sampler(temp=0.0), (), gen_stats, spec))
+    offered = spec.control.parts["free"].acceptance.offered()
     spec.close()
     assert gen_stats.tokens == reference
+    assert 0.2 < offered < 0.5  # it has a draft on every third step: each counted once
     asked = [(room, hand, lengths) for room, hand, lengths in choices if room > 0]
     assert free.max_ns == [min(4, room) for room, _, _ in asked]  # asked once a step, before the choice
     assert all(lengths["free"] <= hand["free"] for _, hand, lengths in asked if lengths)

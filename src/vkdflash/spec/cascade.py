@@ -9,8 +9,9 @@ Every part sees every begin and commit (a draft model's cache needs every positi
 own options (`--spec-opt ngram.n=4` goes to ngram); the parts after the proposing one are not
 asked, as when the draft-length controller asks a lone strategy for nothing. Each part's first
 proposal is timed alone (`timed`): the controller prices a part's first use (the MTP head's
-kernels compiling, ~1-2 s on lavapipe) against that part's drafts, not the copy's. A part that
-fails is switched off alone."""
+kernels compiling, ~1-2 s on lavapipe) against that part's drafts, not the copy's. A part whose
+proposals are free (Strategy.free_proposals) is asked before the lengths are chosen (`hold`), so
+its length is priced with its draft in hand. A part that fails is switched off alone."""
 from __future__ import annotations
 
 import dataclasses

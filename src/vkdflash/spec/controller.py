@@ -76,6 +76,7 @@ class DraftController:
         self.part_priors: dict[str, tuple] = {}  # part -> (a_1 on its draft's record or None, {k: proposal seconds})
         self.lengths: dict[str, int] = {}  # a cascade's length per part this step (choose)
         self._shadow_source = ""  # the cascade's part whose shadow drafts are pending
+        self.known_offers: set[str] = set()  # drafts in hand this step, counted when proposed ("": the strategy's)
 
     # -- the model -----------------------------------------------------------------
     def new_request(self) -> None:
@@ -192,6 +193,10 @@ class DraftController:
         if self.fixed:
             in_hand = None  # always k_max, as without a draft in hand (what --draft-fixed measures)
         lone = in_hand if isinstance(in_hand, int) else None
+        self.known_offers = set()
+        if lone is not None:  # how often it offers a draft: the share a compile is weighed at
+            self.acceptance.asked(lone > 0)
+            self.known_offers.add("")
         horizon, setup = self.horizon(room, done), setup or (lambda rows: 0.0)
         limit = min(self.k_max, room, self.k_max if lone is None else lone)
         self.shadow, self.lengths = 0, {}
@@ -268,13 +273,9 @@ class DraftController:
     def shadowed(self, drafts, seconds: float, typical: bool, source: str = "", declined=()) -> None:
         """This step's shadow drafts (proposed in `seconds`; typical: not a first proposal of its
         shape; source, declined: the cascade's part that proposed them, those before it that had none)."""
-        self.acceptance.asked(bool(drafts))
+        self._asked(bool(drafts), source, declined)
         self.shadows.proposed(drafts, seconds)
         self._shadow_source = source if drafts else ""
-        for name in declined:
-            self.part(name).acceptance.asked(False)
-        if source and drafts:
-            self.part(source).acceptance.asked(True)
         if typical:
             self.drafts.learn(self.shadow, seconds)
             if source and drafts:
@@ -298,17 +299,24 @@ class DraftController:
         c_1 = self.c_verify(1)
         return self.rates(j, verify=lambda rows: self.guess(rows) * c_1, in_hand=in_hand)[j] > rate
 
+    def _asked(self, proposed: bool, source: str, declined) -> None:
+        """Whether the strategy, and each cascade part asked, proposed anything (a draft in hand was
+        counted when it was proposed: known_offers)."""
+        if "" not in self.known_offers:
+            self.acceptance.asked(proposed)
+        for name in declined:
+            if name not in self.known_offers:
+                self.part(name).acceptance.asked(False)
+        if source and proposed and source not in self.known_offers:
+            self.part(source).acceptance.asked(True)
+
     def update(self, k: int, drafted: int, accepted: int, verify_seconds: float | None,
                draft_seconds: float | None, source: str = "", source_k: int = 0, declined=()) -> None:
         """After a step that asked for k drafts, got `drafted` (from a cascade's part `source`, asked
         for source_k, after the parts `declined` had none), and the target accepted `accepted`;
         seconds of None are not typical (a first pass that recorded and compiled) and not learned."""
-        if k:  # whether the strategy, and each part asked, proposed anything
-            self.acceptance.asked(drafted > 0)
-            for name in declined:
-                self.part(name).acceptance.asked(False)
-            if source and drafted:
-                self.part(source).acceptance.asked(True)
+        if k:
+            self._asked(drafted > 0, source, declined)
         if verify_seconds is not None:
             rows = self.costs.width(drafted + 1)
             self.costs.learn(rows, rows == drafted + 1, verify_seconds)

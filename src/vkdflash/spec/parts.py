@@ -63,6 +63,9 @@ def lengths(control, room: int, setup=None, done: int | None = None, firsts: dic
     limit, out, held = min(control.k_max, room), {}, False
     for name in names:
         hand = (in_hand or {}).get(name)
+        if hand is not None:  # how often it offers a draft: the share a compile is weighed at
+            control.part(name).acceptance.asked(hand > 0)
+            control.known_offers.add(name)
         if hand == 0:  # its draft in hand is empty: not asked, not idle
             out[name] = 0
             continue
