@@ -426,6 +426,25 @@ def test_bench_spec_warms_every_length_before_the_measured_run(target):
     assert report["spec"]["draft_length"]["held_for_setup"] == 0
 
 
+def test_bench_spec_warms_a_cascade_with_a_free_part(target):
+    """Its free part's drafts are in hand before every step ({part: length}), in the sweep too."""
+    from vkdflash import bench
+    from vkdflash.spec.cascade import Cascade
+    model, tok = target
+    plain, _ = run(model, tok, n=40)
+    asked, free = [], []
+
+    def make(stats):
+        free.append(FreeSometimes(plain))
+        parts = [("free", lambda ctx: free[-1], {}), ("asked", lambda ctx: Asked(plain, asked), {})]
+        return Speculator(model, "free+asked", lambda ctx: Cascade(ctx, parts), StrategyOptions(draft_max=4), stats,
+                          DraftController(4, {n: 0.002 * n for n in (1, 2, 4, 8)}))
+
+    report = bench.spec(model, tok, tok.decode(PROMPT), 24, make)
+    assert report["identical_output"] and asked[:2] == [1, 2]  # the sweep's lengths
+    assert all(f.max_ns and set(f.max_ns) <= {1, 2, 3, 4} for f in free)  # held every step, each run
+
+
 class Short(Asked):
     """Drafts at most 3 tokens, as a DFlash draft with blocks of 4 would."""
     longest_draft = 3
