@@ -426,25 +426,6 @@ def test_bench_spec_warms_every_length_before_the_measured_run(target):
     assert report["spec"]["draft_length"]["held_for_setup"] == 0
 
 
-def test_bench_spec_warms_a_cascade_with_a_free_part(target):
-    """Its free part's drafts are in hand before every step ({part: length}), in the sweep too."""
-    from vkdflash import bench
-    from vkdflash.spec.cascade import Cascade
-    model, tok = target
-    plain, _ = run(model, tok, n=40)
-    asked, free = [], []
-
-    def make(stats):
-        free.append(FreeSometimes(plain))
-        parts = [("free", lambda ctx: free[-1], {}), ("asked", lambda ctx: Asked(plain, asked), {})]
-        return Speculator(model, "free+asked", lambda ctx: Cascade(ctx, parts), StrategyOptions(draft_max=4), stats,
-                          DraftController(4, {n: 0.002 * n for n in (1, 2, 4, 8)}))
-
-    report = bench.spec(model, tok, tok.decode(PROMPT), 24, make)
-    assert report["identical_output"] and asked[:2] == [1, 2]  # the sweep's lengths
-    assert all(f.max_ns and set(f.max_ns) <= {1, 2, 3, 4} for f in free)  # held every step, each run
-
-
 class Short(Asked):
     """Drafts at most 3 tokens, as a DFlash draft with blocks of 4 would."""
     longest_draft = 3
@@ -874,39 +855,6 @@ def test_a_free_strategy_is_asked_for_its_longest_draft_before_k_is_chosen(targe
     assert all(0 <= k <= in_hand for _, in_hand, k in asked)
     assert any(k for *_, k in asked) and any(in_hand == 0 for _, in_hand, _ in asked)
     assert stats.drafted == sum(k for *_, k in asked) and stats.accepted == stats.drafted
-
-
-def test_a_cascades_free_part_is_asked_before_the_lengths_are_chosen(target):
-    """Once a step, for its longest draft, and priced with that draft in hand; the cascade hands
-    out that draft (the part is not asked again) and asks the next part only where it has none."""
-    from vkdflash.spec.cascade import Cascade
-    model, tok = target
-    reference, _ = run(model, tok, n=40)
-    for rows in range(2, 6):  # the verify widths compiled: no compile holds the choice
-        model.forward(PROMPT[:rows], all_logits=True, greedy=True)
-
-    class Seen(DraftController):
-        def choose(self, room, setup=None, done=None, firsts=None, in_hand=None):
-            k = super().choose(room, setup, done, firsts, in_hand)
-            choices.append((room, in_hand, dict(self.lengths)))
-            return k
-
-    choices, stats, free = [], SpecStats(), FreeSometimes(reference)
-    parts = [("free", lambda ctx: free, {}), ("oracle", lambda ctx: Oracle(reference), {})]
-    control = Seen(4, {1: 0.002, 2: 0.0021, 4: 0.0022, 8: 0.0023})
-    spec = Speculator(model, "free+oracle", lambda ctx: Cascade(ctx, parts), StrategyOptions(draft_max=4), stats,
-                      control)
-    gen_stats = Stats()
-    list(generate(model, tok, PROMPT, 40, Sampler(temp=0.0), (), gen_stats, spec))
-    offered = spec.control.parts["free"].acceptance.offered()
-    spec.close()
-    assert gen_stats.tokens == reference
-    assert 0.2 < offered < 0.5  # it has a draft on every third step: each counted once
-    asked = [(room, hand, lengths) for room, hand, lengths in choices if room > 0]
-    assert free.max_ns == [min(4, room) for room, _, _ in asked]  # asked once a step, before the choice
-    assert all(lengths["free"] <= hand["free"] for _, hand, lengths in asked if lengths)
-    assert {0, 4} <= {hand["free"] for _, hand, _ in asked}
-    assert stats.by_source["free"][1] > 0 and stats.by_source["oracle"][1] > 0  # drafted by each
 
 
 def test_the_engine_tells_the_controller_how_often_a_strategy_proposes_when_asked(target):

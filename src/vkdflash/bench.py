@@ -143,10 +143,9 @@ class Sweep(DraftController):
     """Asks for 1, 2, .., k_max drafts in turn: a warm-up that compiles every length's kernels."""
 
     def choose(self, room: int, setup=None, done=None, firsts=None, in_hand=None) -> int:
-        # a lone free strategy's draft in hand caps k; a cascade's parts sweep too (no `lengths`)
-        k = min(len(self.chosen) % self.k_max + 1, room, in_hand if isinstance(in_hand, int) else self.k_max)
+        k = min(len(self.chosen) % self.k_max + 1, room, self.k_max if in_hand is None else in_hand)
         self.chosen.append(k)
-        return k
+        return k  # a cascade's parts sweep too (no `lengths`)
 
 
 SPEC_PROMPT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"

@@ -9,9 +9,8 @@ Every part sees every begin and commit (a draft model's cache needs every positi
 own options (`--spec-opt ngram.n=4` goes to ngram); the parts after the proposing one are not
 asked, as when the draft-length controller asks a lone strategy for nothing. Each part's first
 proposal is timed alone (`timed`): the controller prices a part's first use (the MTP head's
-kernels compiling, ~1-2 s on lavapipe) against that part's drafts, not the copy's. A part whose
-proposals are free (Strategy.free_proposals) is asked before the lengths are chosen (`hold`), so
-its length is priced with its draft in hand. A part that fails is switched off alone."""
+kernels compiling, ~1-2 s on lavapipe) against that part's drafts, not the copy's. A part that
+fails is switched off alone."""
 from __future__ import annotations
 
 import dataclasses
@@ -62,7 +61,6 @@ class Cascade(Strategy):
         self.lengths: dict[str, int] = {}  # the engine's draft length per part this step (none given: max_n)
         self.declined: list[str] = []  # the parts asked this step that proposed nothing, in order
         self.timed: dict[str, float] = {}  # seconds of each part asked this step
-        self.held: dict[str, tuple] = {}  # the free parts' (proposal, seconds) this step (hold)
         self.title = SEP.join(name for name, _, _ in parts)
         try:
             for name, factory, settings in parts:
@@ -81,33 +79,19 @@ class Cascade(Strategy):
         for part in list(self.parts):
             self._each(ctx, part, "begin", lambda p=part: p.strategy.begin(ctx))
 
-    def hold(self, ctx, last_token: int, max_n: int) -> dict[str, int]:
-        """The free parts' drafts (Strategy.free_proposals), asked for up to max_n before the step's
-        lengths are chosen: {part: drafts it has}; propose() hands out their first n."""
-        self.held = {}
-        for part in [p for p in self.parts if p.free]:
-            t0 = time.perf_counter()
-            prop = self._asked(ctx, part, last_token, min(max_n, part.longest or max_n))
-            if prop is not None:
-                self.held[part.name] = (prop, time.perf_counter() - t0)
-        return {name: len(prop.tokens) for name, (prop, _) in self.held.items()}
-
     def propose(self, ctx, last_token: int, max_n: int) -> Proposal:
         """The first part's drafts that are not empty; the parts before it were asked and had none,
         the parts after it are not asked."""
         self.declined, self.timed = [], {}
-        held, self.held = self.held, {}
         for part in list(self.parts):
             n = min(self.lengths.get(part.name, max_n), max_n, part.longest or max_n)
             if n <= 0:
                 continue
-            if part.name in held:
-                prop, self.timed[part.name] = held[part.name]
-                prop = Proposal(prop.tokens[:n], None if prop.probs is None else prop.probs[:n])
-            else:
-                t0 = time.perf_counter()
-                prop = self._asked(ctx, part, last_token, n)
-                self.timed[part.name] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            prop = self._each(ctx, part, "propose",
+                              lambda p=part: checked_proposal(p.strategy.propose(ctx, last_token, n), n,
+                                                              ctx.target.n_vocab))
+            self.timed[part.name] = time.perf_counter() - t0
             if prop is not None and prop.tokens:
                 return Proposal(prop.tokens, prop.probs, part.name)
             if prop is not None:
@@ -117,11 +101,6 @@ class Cascade(Strategy):
     def commit(self, ctx) -> None:
         for part in list(self.parts):
             self._each(ctx, part, "commit", lambda p=part: p.strategy.commit(ctx))
-
-    def _asked(self, ctx, part, last_token: int, n: int) -> Proposal | None:
-        """The part's proposal of up to n drafts, checked (None: it failed and is off)."""
-        return self._each(ctx, part, "propose", lambda: checked_proposal(part.strategy.propose(ctx, last_token, n), n,
-                                                                          ctx.target.n_vocab))
 
     def _each(self, ctx, part, what: str, fn):
         """fn() for one part; a part that fails is switched off for good (one line) and the others go
@@ -163,7 +142,6 @@ class _Part:
     capture: tuple
     expected: float | None
     longest: int | None
-    free: bool  # Strategy.free_proposals: asked before the step's lengths are chosen (hold)
 
     @classmethod
     def start(cls, ctx, name: str, factory, settings) -> "_Part":
@@ -176,7 +154,8 @@ class _Part:
             strategy = factory(ctx)
             if strategy is None:
                 raise VkdflashError("its factory returned nothing")
-            return cls(name, strategy, options, *declared(strategy, ctx.target.hparams.n_layer))
+            # free_proposals is a lone strategy's: the engine asks a cascade's parts in turn, each at its own length
+            return cls(name, strategy, options, *declared(strategy, ctx.target.hparams.n_layer)[:3])
         except Exception as exc:  # noqa: BLE001 -- one line naming the part
             if strategy is not None:
                 try:

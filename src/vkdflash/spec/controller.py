@@ -76,7 +76,7 @@ class DraftController:
         self.part_priors: dict[str, tuple] = {}  # part -> (a_1 on its draft's record or None, {k: proposal seconds})
         self.lengths: dict[str, int] = {}  # a cascade's length per part this step (choose)
         self._shadow_source = ""  # the cascade's part whose shadow drafts are pending
-        self.known_offers: set[str] = set()  # drafts in hand this step, counted when proposed ("": the strategy's)
+        self.offer_known = False  # this step's draft was in hand, counted as an offer when proposed (choose)
 
     # -- the model -----------------------------------------------------------------
     def new_request(self) -> None:
@@ -174,7 +174,7 @@ class DraftController:
 
     # -- deciding and learning -------------------------------------------------------
     def choose(self, room: int, setup=None, done: int | None = None, firsts: dict | None = None,
-               in_hand: int | dict | None = None) -> int:
+               in_hand: int | None = None) -> int:
         """k for the next step, at most `room` (the tokens left to generate). setup(rows): seconds
         a first pass of that many rows costs before it runs (kernel compiles: ~1.6 s for a new
         batch width on lavapipe, more than a short run can earn back), paid only where the
@@ -186,19 +186,16 @@ class DraftController:
         firsts: a cascade's {part: seconds its first proposal will take} (setup then prices the
         passes alone): each part gets its own length (part_lengths, kept in `lengths`) and the
         step asks for the longest. in_hand: the length of a free strategy's draft, proposed before
-        the choice (Strategy.free_proposals; a cascade's: {part: length}): k is at most that (0: a
-        plain step, neither idle nor a choice), and the step prices the draft as proposed, not by
-        the chance that a step gets one, so a lookup silent on most of a text drafts where it has
-        a draft."""
+        the choice (Strategy.free_proposals): k is at most that (0: a plain step, neither idle nor
+        a choice), and the step prices the draft as proposed, not by the chance that a step gets
+        one, so a lookup silent on most of a text drafts where it has a draft."""
         if self.fixed:
             in_hand = None  # always k_max, as without a draft in hand (what --draft-fixed measures)
-        lone = in_hand if isinstance(in_hand, int) else None
-        self.known_offers = set()
-        if lone is not None:  # how often it offers a draft: the share a compile is weighed at
-            self.acceptance.asked(lone > 0)
-            self.known_offers.add("")
+        self.offer_known = in_hand is not None
+        if self.offer_known:  # how often it offers a draft: the share a compile is weighed at
+            self.acceptance.asked(in_hand > 0)
         horizon, setup = self.horizon(room, done), setup or (lambda rows: 0.0)
-        limit = min(self.k_max, room, self.k_max if lone is None else lone)
+        limit = min(self.k_max, room, self.k_max if in_hand is None else in_hand)
         self.shadow, self.lengths = 0, {}
         if limit <= 0:
             return 0
@@ -207,20 +204,20 @@ class DraftController:
         elif self.unmeasured:
             k = 0  # plain until a curve is measured
         elif firsts is not None:
-            self.lengths = self.part_lengths(room, setup, done, firsts, in_hand)
+            self.lengths = self.part_lengths(room, setup, done, firsts)
             k = max(self.lengths.values(), default=0)
         else:
             # plain decoding's own pass is compiled sooner or later whatever this step drafts: in a
             # cold process pricing it here made the first step draft (a 2-row compile, ~1.6 s)
             # a compile is weighed over the horizon, whose steps have a draft as often as the strategy offers one
-            rates = self.rates(limit, in_hand=lone is not None)
+            rates = self.rates(limit, in_hand=in_hand is not None)
             k = bought(limit, horizon, setup, rates, lambda: self.rates(limit, cautious=True))
-            if lone is not None:
+            if in_hand is not None:
                 k = whole_draft(k, limit, rates, setup)
             self.held += k < argmax(rates)
             reach = min(limit, 2 * self.full + 1)
             if self.full and reach > k and self.costs.width(reach + 1) not in self.costs.live \
-                    and self._affordable(reach, horizon, setup) and self._may_pay(reach, rates[k], lone is not None):
+                    and self._affordable(reach, horizon, setup) and self._may_pay(reach, rates[k], in_hand is not None):
                 k = reach  # the last drafts all held: learn what a longer verify costs here
             self.probing = k == 0 and self.idle >= self.wait
             if self.probing:
@@ -237,10 +234,9 @@ class DraftController:
         self.chosen.append(k)
         return k
 
-    def part_lengths(self, room: int, setup=None, done: int | None = None, firsts: dict | None = None,
-                     in_hand: dict | None = None) -> dict[str, int]:
+    def part_lengths(self, room: int, setup=None, done: int | None = None, firsts: dict | None = None) -> dict[str, int]:
         """A cascade's draft length per part (parts.lengths)."""
-        return parts.lengths(self, room, setup, done, firsts, in_hand)
+        return parts.lengths(self, room, setup, done, firsts)
 
     def _affordable(self, j: int, horizon: int, setup) -> bool:
         """Whether j drafts' first pass costs no more than the pass itself, or little next to the
@@ -301,13 +297,12 @@ class DraftController:
 
     def _asked(self, proposed: bool, source: str, declined) -> None:
         """Whether the strategy, and each cascade part asked, proposed anything (a draft in hand was
-        counted when it was proposed: known_offers)."""
-        if "" not in self.known_offers:
+        counted when it was proposed: offer_known)."""
+        if not self.offer_known:
             self.acceptance.asked(proposed)
         for name in declined:
-            if name not in self.known_offers:
-                self.part(name).acceptance.asked(False)
-        if source and proposed and source not in self.known_offers:
+            self.part(name).acceptance.asked(False)
+        if source and proposed:
             self.part(source).acceptance.asked(True)
 
     def update(self, k: int, drafted: int, accepted: int, verify_seconds: float | None,

@@ -229,11 +229,8 @@ class Speculator:
             parts = self.parts if self._active else []
             firsts = self._firsts(parts) if parts else None
             setup = passes if firsts is not None else lambda rows: passes(rows) + self._first_seconds  # noqa: E731
-            # a free strategy's longest draft (a cascade's free parts': Cascade.hold), in hand before k is chosen
-            held, held_seconds, in_hand = None, 0.0, None
-            if self._active and room > 0 and parts:
-                in_hand = self._guard("propose", lambda: self.strategy.hold(self.ctx, last, min(self.control.k_max, room)))
-            elif self._active and room > 0 and self._free:
+            held, held_seconds, in_hand = None, 0.0, None  # a free strategy's longest draft, in hand before k is chosen
+            if self._active and self._free and room > 0:
                 t0 = time.perf_counter()
                 held = self._propose(last, min(self.control.k_max, room))
                 held_seconds, in_hand = time.perf_counter() - t0, len(held.tokens)

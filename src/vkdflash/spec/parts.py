@@ -8,7 +8,7 @@ from __future__ import annotations
 from statistics import median
 
 from .acceptance import Acceptance
-from .costs import DraftCosts, argmax, bought, whole_draft
+from .costs import DraftCosts, argmax, bought
 from .shadow import Shadow
 
 MAX_PROBE_WAIT = 128  # most idle steps between probes (the wait doubles after each that fails)
@@ -47,14 +47,12 @@ class Part:
             self.drafts.learn(asked, seconds)
 
 
-def lengths(control, room: int, setup=None, done: int | None = None, firsts: dict | None = None,
-            in_hand: dict | None = None) -> dict[str, int]:
+def lengths(control, room: int, setup=None, done: int | None = None, firsts: dict | None = None) -> dict[str, int]:
     """The draft length per part (those the cascade started with, `part_priors`, and any seen
     propose). firsts: the parts still on, each with its first proposal still to pay, a compile of
     that part's alone (priced as the cascade's, the MTP head's 2 s held the free copy at 0
     through a cold 300-token run it made 1.3x faster alone). A part held at 0 probes as choose()
-    does: a length whose pass is compiled, the best at its record. in_hand: the free parts' drafts
-    proposed before the choice, {part: length}, each priced as a lone strategy's (choose)."""
+    does: a length whose pass is compiled, the best at its record."""
     names = list(firsts) if firsts is not None else \
         [*control.part_priors, *(name for name in control.parts if name not in control.part_priors)]
     if control.fixed or control.unmeasured or not names:
@@ -62,25 +60,15 @@ def lengths(control, room: int, setup=None, done: int | None = None, firsts: dic
     horizon, setup = control.horizon(room, done), setup or (lambda rows: 0.0)
     limit, out, held = min(control.k_max, room), {}, False
     for name in names:
-        hand = (in_hand or {}).get(name)
-        if hand is not None:  # how often it offers a draft: the share a compile is weighed at
-            control.part(name).acceptance.asked(hand > 0)
-            control.known_offers.add(name)
-        if hand == 0:  # its draft in hand is empty: not asked, not idle
-            out[name] = 0
-            continue
-        most = limit if hand is None else min(limit, hand)
         part, first = control.part(name), (firsts or {}).get(name, 0.0)
         costs = (lambda rows: setup(rows) + first) if first else setup
         priced = (part.acceptance, part.drafts)
-        rates = control.rates(most, part=priced, in_hand=hand is not None)
-        k = bought(most, horizon, costs, rates, lambda: control.rates(most, part=priced, cautious=True))
+        rates = control.rates(limit, part=priced)
+        k = bought(limit, horizon, costs, rates, lambda: control.rates(limit, part=priced, cautious=True))
         held |= k < argmax(rates)
-        if hand is not None:
-            k = whole_draft(k, most, rates, costs)
         part.idle, part.probing = (part.idle + 1 if k == 0 else 0), False
         if part.idle >= part.wait:  # the text may have turned (a copy in a chat answer)
-            k = control.probe(most, horizon, costs, priced)
+            k = control.probe(limit, horizon, costs, priced)
             if k:
                 part.idle, part.probing = 0, True
         out[name] = k
