@@ -251,7 +251,6 @@ class AlwaysWrong(Strategy):
 
 
 def test_the_cost_aware_length_stops_drafting_what_is_never_accepted(target):
-
     class LinearCosts(DraftController):
         """Verify cost grows with every row (a CPU device), whatever this tiny model measures."""
         def update(self, k, drafted, accepted, verify_seconds, draft_seconds, *part):
@@ -307,7 +306,6 @@ def test_a_strategy_switched_off_against_its_record_says_what_may_be_wrong(targe
     """The controller drops a draft's record once the run's first drafts contradict it (design.md
     11), often before the watchdog has steps enough to warn: the switch-off line then names the
     causes the watchdog would have, and the log says when and why the record stopped counting."""
-
     class CheapVerify(DraftController):
         """A pass of 2 rows costs 1.1 of 1 (drafting at a_1 0.9 pays), whatever this model measures."""
         def update(self, k, drafted, accepted, verify_seconds, draft_seconds, *part):

@@ -154,8 +154,9 @@ class _Part:
             strategy = factory(ctx)
             if strategy is None:
                 raise VkdflashError("its factory returned nothing")
-            # free_proposals is a lone strategy's: the engine asks a cascade's parts in turn, each at its own length
-            return cls(name, strategy, options, *declared(strategy, ctx.target.hparams.n_layer)[:3])
+            # free_proposals is a lone strategy's: the engine asks a cascade's parts after choosing
+            capture, expected, longest, _free = declared(strategy, ctx.target.hparams.n_layer)
+            return cls(name, strategy, options, capture, expected, longest)
         except Exception as exc:  # noqa: BLE001 -- one line naming the part
             if strategy is not None:
                 try:

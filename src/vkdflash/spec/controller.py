@@ -209,15 +209,15 @@ class DraftController:
         else:
             # plain decoding's own pass is compiled sooner or later whatever this step drafts: in a
             # cold process pricing it here made the first step draft (a 2-row compile, ~1.6 s)
-            # a compile is weighed over the horizon, whose steps have a draft as often as the strategy offers one
-            rates = self.rates(limit, in_hand=in_hand is not None)
+            # a draft in hand is priced as proposed; a compile (bought's cautious rates) at the offer share
+            rates = self.rates(limit, in_hand=self.offer_known)
             k = bought(limit, horizon, setup, rates, lambda: self.rates(limit, cautious=True))
-            if in_hand is not None:
+            if self.offer_known:
                 k = whole_draft(k, limit, rates, setup)
             self.held += k < argmax(rates)
             reach = min(limit, 2 * self.full + 1)
             if self.full and reach > k and self.costs.width(reach + 1) not in self.costs.live \
-                    and self._affordable(reach, horizon, setup) and self._may_pay(reach, rates[k], in_hand is not None):
+                    and self._affordable(reach, horizon, setup) and self._may_pay(reach, rates[k], self.offer_known):
                 k = reach  # the last drafts all held: learn what a longer verify costs here
             self.probing = k == 0 and self.idle >= self.wait
             if self.probing:
