@@ -182,6 +182,7 @@ def test_train_names_a_data_folder_without_data(tmp_path, not_gguf, command):
 @needs_torch
 @pytest.mark.parametrize("script, args, flag", [
     ("run.py", ["data", "--out", "D", "--model", "/nonexistent.gguf"], "--model"),
+    ("run.py", ["text", "--out", "D", "--model", "/nonexistent.gguf"], "--model"),
     ("check_draft.py", ["--dflash", "/nonexistent.gguf"], "--dflash"),
     ("check_draft.py", ["--mtp", "/nonexistent.gguf"], "--mtp"),
     ("check.py", ["--model", "/nonexistent.gguf"], "--model"),
@@ -193,3 +194,24 @@ def test_train_tools_refuse_missing_files_before_loading_the_target(script, args
 @needs_torch
 def test_train_check_draft_needs_a_draft():
     assert "--dflash" in refused(tool("check_draft.py", cwd=TOOLS / "train"), 2)
+
+
+@needs_torch
+@pytest.mark.slow
+def test_train_text_windows_are_seeded_bounded_and_hold_no_suite_prompt(monkeypatch):
+    monkeypatch.syspath_prepend(str(TOOLS / "train"))
+    from data import load_text_tools
+    from text import text_mix
+
+    from vkdflash.suite import PROMPTS
+    tok, template = load_text_tools(real_model_path())
+    mix = text_mix(60, tok, template, seed=3, length=96)
+    assert mix == text_mix(60, tok, template, seed=3, length=96)
+    assert mix != text_mix(60, tok, template, seed=4, length=96)
+    assert {k for k, _ in mix} == {"code", "prose", "chat"}
+    assert all(64 <= len(ids) <= 96 for _, ids in mix)
+    firsts = [p.text.strip().splitlines()[0].lower() for p in PROMPTS]
+    assert not any(line in tok.decode(ids).lower() for _, ids in mix for line in firsts)
+    turn = tok.encode("<|im_start|>", add_special=False, parse_special=True)  # SmolLM2's chat turns
+    assert len(turn) == 1
+    assert all((turn[0] in ids) == (k == "chat") for k, ids in mix)

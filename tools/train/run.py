@@ -97,6 +97,35 @@ def data(ctx, model_path, out, prompts, n_new, batch, mix):
     click.echo(f"{len(tokens)} sequences, {lengths.sum()} tokens -> {out}")
 
 
+@cli.command("text")
+@model_option
+@click.option("--out", type=click.Path(file_okay=False), required=True)
+@click.option("--prompts", default=1000, show_default=True, help="windows of text")
+@click.option("--length", default=256, show_default=True, help="tokens per window")
+@click.option("--batch", default=16, show_default=True)
+@click.pass_context
+def text_cmd(ctx, model_path, out, prompts, length, batch):
+    """Windows of real text on this machine, teacher-forced, with the target's layer inputs at every
+    position (text.py; train on them with --teacher). Written as `data` writes, prompt length 0."""
+    from text import text_mix
+    path = resolve(model_path)
+    target = Target(path, torch.bfloat16 if ctx.obj["bf16"] else torch.float32)
+    tok, template = load_text_tools(path)
+    mix = text_mix(prompts, tok, template, ctx.obj["seed"], length)
+    capture = DFLASH_LAYERS + (target.hp.n_layer,)
+    tokens = [np.array(ids, np.int32) for _, ids in mix]
+    feats = recapture(target, tokens, capture, batch)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    lengths = np.array([len(t) for t in tokens])
+    np.save(out / "tokens.npy", np.concatenate(tokens))
+    np.save(out / "features.npy", np.concatenate(feats))
+    (out / "index.json").write_text(json.dumps({
+        "model": path, "capture": list(capture), "lengths": lengths.tolist(),
+        "prompt_lengths": [0] * len(mix), "kinds": [k for k, _ in mix]}))
+    click.echo(f"{len(tokens)} windows, {lengths.sum()} tokens -> {out}")
+
+
 def made_by_data(ctx, param, value):
     """Checked before the target loads: each folder holds what `run.py data` writes."""
     for folder in value if param.multiple else (value,):
@@ -164,8 +193,33 @@ def vocab_option(f):
                              "draft (--spec-opt NAME.vocab, run.py vocab); 0: every token")(f)
 
 
-def draft_tokens(ds, n_vocab: int):
-    return ds.ranked_tokens()[:n_vocab] if n_vocab else None
+def draft_tokens(ds, n_vocab: int, init=None):
+    """The token rows the loss covers: the data's N most frequent, or --init's own list where it has
+    one (a round on other text keeps the rows the engine computes for the file; keep_vocab)."""
+    listed = init_vocab(init)
+    if not n_vocab:
+        return None
+    return listed[:n_vocab] if listed is not None else ds.ranked_tokens()[:n_vocab]
+
+
+def init_vocab(init):
+    from vkdflash.model.gguf_file import GGUFFile
+    from vkdflash.spec.vocab import DRAFT_VOCAB
+    if not init:
+        return None
+    with GGUFFile(init) as f:
+        return f.metadata.ints(DRAFT_VOCAB, 0, 1 << 31, 1 << 31, default=None)
+
+
+def keep_vocab(out, init) -> None:
+    """Write --init's vocabulary list into the trained file (`run.py vocab` would rank the data's)."""
+    from gguf import GGUFValueType as VT
+
+    from export import restamp
+    from vkdflash.spec.vocab import DRAFT_VOCAB
+    listed = init_vocab(init)
+    if listed is not None:
+        restamp(out, {DRAFT_VOCAB: ([int(t) for t in listed], VT.ARRAY, VT.UINT32)})
 
 
 def init_option(f):
@@ -205,7 +259,7 @@ def dflash(ctx, data_dirs, init, out, steps, block, n_layer, target_layers, seqs
     target = Target(path)
     layers = tuple(int(x) for x in target_layers.split(","))
     ds = Dataset(data_dirs, layers + ((target.hp.n_layer,) if teacher else ()))
-    model = Draft(target, layers, n_layer, block, vocab=draft_tokens(ds, n_vocab))
+    model = Draft(target, layers, n_layer, block, vocab=draft_tokens(ds, n_vocab, init))
     if init:
         grown = restore(parameters(model), init, grow=True)
         zero_outputs(model, grown)
@@ -219,11 +273,12 @@ def dflash(ctx, data_dirs, init, out, steps, block, n_layer, target_layers, seqs
     acc = train_loop(model, batch, steps, lr, "dflash", ctx.obj["bf16"])
     notes = (f"trained by tools/train/run.py dflash{' --teacher' if teacher else ''}: {steps} steps x {seqs} seqs x "
              f"{anchors} blocks of {block}, "
-             f"seed {ctx.obj['seed']}, {len(ds.lengths)} self-distilled sequences"
+             f"seed {ctx.obj['seed']}, {len(ds.lengths)} sequences"
              + (f", from {Path(init).name}" if init else "") + "; train top-1 per position "
              + " ".join(f"{a:.2f}" for a in acc.tolist()))
     md = dflash_metadata(target.hp, n_layer, block, layers, model.mask_token, path, notes)
     write(out, "dflash", md | target_identity(path), tensors(model))
+    keep_vocab(out, init)
     click.echo(f"wrote {out}: {notes}")
 
 
@@ -248,7 +303,7 @@ def mtp(ctx, data_dirs, init, out, steps, seqs, rows, lr, teacher, n_vocab):
     path = index_model(data_dirs)
     target = Target(path)
     ds = Dataset(data_dirs, (target.hp.n_layer,))
-    model = Head(target, draft_tokens(ds, n_vocab))
+    model = Head(target, draft_tokens(ds, n_vocab, init))
     if init:
         restore(parameters(model, target.hp.n_layer), init)
     rng = np.random.default_rng(ctx.obj["seed"])
@@ -256,11 +311,12 @@ def mtp(ctx, data_dirs, init, out, steps, seqs, rows, lr, teacher, n_vocab):
                      "mtp", ctx.obj["bf16"])
     notes = (f"trained by tools/train/run.py mtp{' --teacher' if teacher else ''}: {steps} steps x {seqs} seqs "
              f"({rows} rows per depth), seed "
-             f"{ctx.obj['seed']}, {len(ds.lengths)} self-distilled sequences"
+             f"{ctx.obj['seed']}, {len(ds.lengths)} sequences"
              + (f", from {Path(init).name}" if init else "") + f"; train top-1 depth 1 {acc[0]:.2f}, "
              f"depth 2 {acc[1]:.2f}")
     write(out, "mtp", mtp_metadata(target.hp, notes) | target_identity(path),
           tensors(model, target.hp.n_layer))
+    keep_vocab(out, init)
     click.echo(f"wrote {out}: {notes}")
 
 
