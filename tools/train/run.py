@@ -2,6 +2,7 @@
 
     python tools/train/run.py data   --out DIR [--prompts 1024] [--new 96] [--mix varied]
     python tools/train/run.py recapture --data DIR --out DIR2 --capture 2,10,18,29,30
+    python tools/train/run.py text   --out DIR [--prompts 1000] [--length 256]
     python tools/train/run.py --threads 1 dflash --data DIR --out FILE.gguf [--steps 1100 --lr 4e-4]
     python tools/train/run.py --threads 1 mtp    --data DIR --out FILE.gguf [--steps 950 --lr 4e-4]
     python tools/train/run.py stamp FILE.gguf --suite-json S --strategy NAME [--cpu-speedup X]
