@@ -87,15 +87,21 @@ def data(ctx, model_path, out, prompts, n_new, batch, mix):
         mix = prompt_mix(prompts, tok, template, ctx.obj["seed"], varied=mix == "varied", words=mix == "words")
     capture = DFLASH_LAYERS + (target.hp.n_layer,)
     tokens, feats = generate(target, [ids for _, ids in mix], n_new, capture, batch, ctx.obj["seed"], tok.eog_ids)
+    n = save_data(out, path, capture, tokens, feats, [len(ids) for _, ids in mix], [k for k, _ in mix])
+    click.echo(f"{len(tokens)} sequences, {n} tokens -> {out}")
+
+
+def save_data(out, model_path, capture, tokens, feats, prompt_lengths, kinds) -> int:
+    """Write sequences and their captured layer inputs as `data.Dataset` reads them; returns the tokens."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     lengths = np.array([len(t) for t in tokens])
     np.save(out / "tokens.npy", np.concatenate(tokens))
     np.save(out / "features.npy", np.concatenate(feats))
     (out / "index.json").write_text(json.dumps({
-        "model": path, "capture": list(capture), "lengths": lengths.tolist(),
-        "prompt_lengths": [len(ids) for _, ids in mix], "kinds": [k for k, _ in mix]}))
-    click.echo(f"{len(tokens)} sequences, {lengths.sum()} tokens -> {out}")
+        "model": model_path, "capture": list(capture), "lengths": lengths.tolist(),
+        "prompt_lengths": list(prompt_lengths), "kinds": list(kinds)}))
+    return int(lengths.sum())
 
 
 @cli.command("text")
@@ -116,15 +122,8 @@ def text_cmd(ctx, model_path, out, prompts, length, batch):
     capture = DFLASH_LAYERS + (target.hp.n_layer,)
     tokens = [np.array(ids, np.int32) for _, ids in mix]
     feats = recapture(target, tokens, capture, batch)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    lengths = np.array([len(t) for t in tokens])
-    np.save(out / "tokens.npy", np.concatenate(tokens))
-    np.save(out / "features.npy", np.concatenate(feats))
-    (out / "index.json").write_text(json.dumps({
-        "model": path, "capture": list(capture), "lengths": lengths.tolist(),
-        "prompt_lengths": [0] * len(mix), "kinds": [k for k, _ in mix]}))
-    click.echo(f"{len(tokens)} windows, {lengths.sum()} tokens -> {out}")
+    n = save_data(out, path, capture, tokens, feats, [0] * len(mix), [k for k, _ in mix])
+    click.echo(f"{len(tokens)} windows, {n} tokens -> {out}")
 
 
 def made_by_data(ctx, param, value):
