@@ -196,9 +196,9 @@ def vocab_option(f):
 def draft_tokens(ds, n_vocab: int, init=None):
     """The token rows the loss covers: the data's N most frequent, or --init's own list where it has
     one (a round on other text keeps the rows the engine computes for the file; keep_vocab)."""
-    listed = init_vocab(init)
     if not n_vocab:
         return None
+    listed = init_vocab(init)
     return listed[:n_vocab] if listed is not None else ds.ranked_tokens()[:n_vocab]
 
 

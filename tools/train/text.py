@@ -1,8 +1,8 @@
 """The "text" mix: windows of real text already on this machine, read by the target teacher-forced.
 
 The other mixes make the target write every training token, at ~230 tokens a second on 2 cores;
-one causal pass over text that exists reads ~560 a second, so an hour gives a draft several times
-the tokens (and far more subjects) of a generated round. The data's tokens are then not what the
+teacher-forced passes over text that exists read ~400 a second (f32, AMD EPYC), so an hour gives
+a draft more tokens, and far more subjects, than a generated round. The data's tokens are then not what the
 target would write: train on this with --teacher (the target's own distribution at each position
 is the label), so a draft learns what greedy verification accepts, on contexts of every kind.
 
@@ -25,14 +25,15 @@ from vkdflash.tokenizer import Tokenizer
 ASKS = ("Tell me about {}.", "Explain {}.", "What should I know about {}?", "Can you describe {}?")
 
 
-def _read(paths, limit: int) -> list[str]:
+def _read(paths, limit: int) -> list[tuple[Path, str]]:
+    """(path, text) of up to `limit` of these files, skipping tiny, huge and unreadable ones."""
     out = []
     for p in paths:
         if len(out) >= limit:
             break
         try:
             if 400 < p.stat().st_size < 2_000_000:
-                out.append(p.read_text(encoding="utf-8"))
+                out.append((p, p.read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError):
             continue
     return out
@@ -43,7 +44,7 @@ def sources(rng: random.Random) -> tuple[list[str], list[tuple[str, str]]]:
     roots = [Path(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib")]
     code_files = sorted({p for r in roots for p in r.rglob("*.py")})
     rng.shuffle(code_files)
-    code = _read(code_files, 3000)
+    code = [text for _, text in _read(code_files, 3000)]
     prose = [(name.rpartition(".")[2].replace("_", " "), doc) for text in code[:1500]
              for name, doc in docstrings("python", text)]
     try:
@@ -53,13 +54,13 @@ def sources(rng: random.Random) -> tuple[list[str], list[tuple[str, str]]]:
         pass
     docs = sorted(p for p in Path("/usr/share/doc").rglob("*")
                   if p.is_file() and p.suffix in ("", ".md", ".txt", ".rst") and "copyright" not in p.name)
-    prose += [(p.parent.name, t) for p, t in zip(docs, _read(docs, 2000))]
+    prose += [(p.parent.name, text) for p, text in _read(docs, 2000)]
     return code, prose
 
 
 def text_mix(n: int, tok: Tokenizer, template: ChatTemplate, seed: int, length: int = 256):
-    """n (kind, token ids) windows of up to `length` tokens: ~45% code, ~55% prose (a quarter of it
-    as a chat answer)."""
+    """n (kind, token ids) windows of 64 to `length` tokens: about half code, the rest prose (a
+    quarter of it as a chat answer)."""
     rng = random.Random(seed)
     code, prose = sources(rng)
     suite = [p.text.strip().splitlines()[0].lower() for p in PROMPTS]
