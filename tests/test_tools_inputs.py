@@ -215,3 +215,27 @@ def test_train_text_windows_are_seeded_bounded_and_hold_no_suite_prompt(monkeypa
     turn = tok.encode("<|im_start|>", add_special=False, parse_special=True)  # SmolLM2's chat turns
     assert len(turn) == 1
     assert all((turn[0] in ids) == (k == "chat") for k, ids in mix)
+
+
+@needs_torch
+@pytest.mark.slow
+def test_a_trainer_started_from_a_draft_keeps_its_vocabulary(tmp_path):
+    """A round from --init trains on the rows the engine computes for that file and writes its list
+    into the new file (ranked from other data, the engine's rows for the file would change)."""
+    from vkdflash.model.gguf_file import GGUFFile
+    from vkdflash.spec.vocab import DRAFT_VOCAB
+    head = ROOT / "plugins" / "vkdflash_mtp" / "heads" / "smollm2-135m-instruct-q4_1.mtp.gguf"
+    train = TOOLS / "train"
+    made = subprocess.run([sys.executable, "run.py", "data", "--out", tmp_path / "d", "--prompts", "2", "--new", "4"],
+                          cwd=train, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-500:]
+    trained = subprocess.run([sys.executable, "run.py", "mtp", "--data", tmp_path / "d", "--init", head, "--out",
+                              tmp_path / "h.gguf", "--steps", "1", "--seqs", "2", "--rows", "4", "--teacher"],
+                             cwd=train, capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0, trained.stderr[-500:]
+    lists = []
+    for path in (head, tmp_path / "h.gguf"):
+        with GGUFFile(path) as f:
+            lists.append(f.metadata.ints(DRAFT_VOCAB, 0, 1 << 31, 1 << 31, default=None))
+    assert lists[0] is not None and len(lists[0]) > 8192
+    assert lists[1] is not None and list(lists[1]) == list(lists[0])
