@@ -143,6 +143,19 @@ def test_device_check_stage_3_without_prepare_says_to_prepare(tmp_path, monkeypa
     assert "model.0, model.1, model.2" in message and "prepare" in message, message
 
 
+# -- replay_ngram ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, flag", [(["--prior", "warm"], "--prior"), (["--draft-max", "0"], "--draft-max")])
+def test_replay_ngram_refuses_bad_flags(args, flag):
+    assert flag in refused(tool(TOOLS / "replay_ngram.py", *args), 2)
+
+
+def test_replay_ngram_says_when_no_curve_is_cached(tmp_path, monkeypatch):
+    """--prior cached prices from this machine's cached curve: with none, one line says so."""
+    monkeypatch.setenv("VKDFLASH_CURVES", str(tmp_path / "curves.json"))
+    line = refused(tool(TOOLS / "replay_ngram.py", "--prior", "cached"), 1)
+    assert line.startswith("replay_ngram: error: --prior cached:") and "holds no verify curve" in line, line
+
+
 # -- train (needs torch: every tool imports it first) ---------------------------------------------
 @pytest.fixture
 def suite_json(tmp_path) -> Path:

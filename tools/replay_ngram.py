@@ -13,7 +13,11 @@ plain decoding priced the same way. A step's cost outside the pass is left out o
 (the controller and bookkeeping take ~0.3 ms; under cProfile plain `generate` spent 98% of its time in
 the passes).
 
-    python tools/replay_ngram.py [--draft-max 16] [-n 128] [--json FILE]
+    python tools/replay_ngram.py [--draft-max 16] [-n 128] [--prior cold|cached] [--json FILE]
+
+--prior: the curve the controller starts from. cold (the default): what a first run measures (1, 2
+and 4 rows, here at their best); cached: the curve this machine's runs cached for the model, as
+`bench spec` and `generate` start from it (widths a run added in a slow spell included).
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ from vkdflash_ngram import PromptLookup  # noqa: E402
 from vkdflash.cli_options import open_model  # noqa: E402
 from vkdflash.errors import VkdflashError  # noqa: E402
 from vkdflash.spec.controller import DraftController  # noqa: E402
-from vkdflash.spec.curve import measure  # noqa: E402
+from vkdflash.measured import measured_file  # noqa: E402
+from vkdflash.spec.curve import cached_costs, measure  # noqa: E402
 
 PROMPTS = {"repeating code": REPEATING_CODE, "is_prime": "def is_prime(n):",
            "json loader": "import json\n\ndef load_config(path):",
@@ -113,26 +118,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--draft-max", type=int, default=16)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("--prior", choices=("cold", "cached"), default="cold")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if not 1 <= args.draft_max <= 32 or args.n_gen < 2:
         ap.error("--draft-max must be 1..32 and -n at least 2")
     with open_model(None, 4096, "f16", "f16", False, None) as (model, tok):
+        cached = cached_costs(model) if args.prior == "cached" else None
+        if args.prior == "cached" and cached is None:
+            raise VkdflashError(f"--prior cached: {measured_file()} holds no verify curve for this model and "
+                                "device (a `vkdflash bench spec` run caches one)")
         widths = sorted({model.pass_width(n) for n in range(1, args.draft_max + 2)})
         curve = best_curve(model, widths)
         texts = {name: greedy_text(model, tok, p, args.n_gen) for name, p in PROMPTS.items()}
         width, device = model.pass_width, model.ctx.features.name
         guesses = {n: model.pass_cost_guess(n) for n in range(1, args.draft_max + 2)}
     cost = lambda rows: curve[width(rows)]  # noqa: E731
+    prior = cached or {n: curve[n] for n in COLD_ROWS}
     out = {"device": device, "draft_max": args.draft_max, "n_gen": args.n_gen,
-           "curve": {str(n): s for n, s in curve.items()}, "prompts": {}}
+           "curve": {str(n): s for n, s in curve.items()}, "prior": {str(n): s for n, s in prior.items()},
+           "prompts": {}}
     for name, (prompt, gen) in texts.items():
         replay, plain = Replay(prompt, gen, cost), (len(gen) - 1) * curve[1]
         figures = {}
         for mode in ("cost-aware", "fixed"):
-            # the prior a first run caches (1, 2 and 4 rows); the rest the controller times itself
-            control = DraftController(args.draft_max, {n: curve[n] for n in COLD_ROWS}, fixed=mode == "fixed",
-                                      width=width, guess=guesses.get)
+            # the rest of the widths the controller times itself
+            control = DraftController(args.draft_max, prior, fixed=mode == "fixed", width=width, guess=guesses.get)
             seconds, steps = replay.controlled(control)
             figures[mode] = {"speedup": plain / seconds, "steps": len(steps), "trace": " ".join(steps)}
         figures["clairvoyant"] = {"speedup": plain / replay.clairvoyant(args.draft_max)}
