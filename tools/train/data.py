@@ -217,13 +217,21 @@ SELF_TEXT = ("Once upon a time", "Long ago,", "One day,", "There once was", "In 
              "The old", "Every morning", "Deep in the", "When the")
 
 
+SUITE_FIRST_LINES = tuple(p.text.strip().splitlines()[0].lower() for p in PROMPTS)
+
+
+def holds_suite_prompt(text: str) -> bool:
+    """Whether `text` holds the first line of an acceptance-suite prompt (training data must not)."""
+    text = text.lower()
+    return any(line in text for line in SUITE_FIRST_LINES)
+
+
 def self_prompts(target, tok: Tokenizer, template: ChatTemplate, n: int, seed: int,
                  batch: int) -> list[tuple[str, list[int]]]:
     """Up to n (kind, token ids) prompts written by the target at T 1 (top-k 50): ~45% chat requests
     (its own user turns, the finished ones), ~35% code and ~20% story text (an opener continued, cut
     at a random line end or word end). A prompt holding the first line of an acceptance-suite prompt
     (the target writes `def is_prime(n):` and `import json` too) is dropped: the suite stays unseen."""
-    suite = [p.text.strip().splitlines()[0].lower() for p in PROMPTS]
     rng = random.Random(seed)
     user_turn = template.render([{"role": "user", "content": "\0"}], add_generation_prompt=False).split("\0")[0]
     head = rendered_ids(tok, user_turn)
@@ -234,7 +242,7 @@ def self_prompts(target, tok: Tokenizer, template: ChatTemplate, n: int, seed: i
     out = []
 
     def keep(kind, ids):
-        if not any(line in tok.decode(ids).lower() for line in suite):
+        if not holds_suite_prompt(tok.decode(ids)):
             out.append((kind, ids))
     for kind, start, seq in zip(kinds, seeds, written):
         new = [int(t) for t in seq[len(start):]]

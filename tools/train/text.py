@@ -2,9 +2,9 @@
 
 The other mixes make the target write every training token, at ~230 tokens a second on 2 cores;
 teacher-forced passes over text that exists read ~400 a second (f32, AMD EPYC), so an hour gives
-a draft more tokens, and far more subjects, than a generated round. The data's tokens are then not what the
-target would write: train on this with --teacher (the target's own distribution at each position
-is the label), so a draft learns what greedy verification accepts, on contexts of every kind.
+a draft more tokens, and far more subjects, than a generated round. The data's tokens are then
+not what the target would write: train on this with --teacher (the target's own distribution at
+each position is the label), so a draft learns what greedy verification accepts.
 
 Sources: Python source files (the standard library and the installed packages: code), the
 standard library's docstrings and pydoc topics, and the text files of /usr/share/doc (prose),
@@ -17,9 +17,8 @@ import random
 import sysconfig
 from pathlib import Path
 
-from data import docstrings
+from data import docstrings, holds_suite_prompt
 from vkdflash.chat import ChatTemplate, rendered_ids
-from vkdflash.suite import PROMPTS
 from vkdflash.tokenizer import Tokenizer
 
 ASKS = ("Tell me about {}.", "Explain {}.", "What should I know about {}?", "Can you describe {}?")
@@ -63,7 +62,6 @@ def text_mix(n: int, tok: Tokenizer, template: ChatTemplate, seed: int, length: 
     quarter of it as a chat answer)."""
     rng = random.Random(seed)
     code, prose = sources(rng)
-    suite = [p.text.strip().splitlines()[0].lower() for p in PROMPTS]
     out = []
     while len(out) < n:
         if rng.random() < 0.45:
@@ -74,7 +72,7 @@ def text_mix(n: int, tok: Tokenizer, template: ChatTemplate, seed: int, length: 
         lines = text.splitlines(keepends=True)
         first = rng.randrange(len(lines)) if kind == "code" or len(text) > 6 * length else 0
         window = "".join(lines[first:first + 200])[:6 * length]
-        if len(window) < (200 if kind == "code" else 120) or any(line in window.lower() for line in suite):
+        if len(window) < (200 if kind == "code" else 120) or holds_suite_prompt(window):
             continue
         if kind == "chat":
             ids = rendered_ids(tok, template.render([{"role": "user", "content": rng.choice(ASKS).format(subject)},
